@@ -1,0 +1,86 @@
+"""LRU: evict the ready block whose last use is oldest.
+
+Only evictable blocks (``ref_cnt == 0``) live in the recency order, kept current by the mark
+hooks, so eviction never scans pinned or pending blocks: O(1) per operation plus the protected
+keys it has to step over. A block re-entering the order (store or load completed) becomes most
+recent: finishing a load is a use.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Collection, Iterable, Mapping
+
+from kvoffload.context import ReqContext
+from kvoffload.keys import OffloadKey
+from kvoffload.policies.base import BlockStatus, CachePolicy, Victims
+
+
+class LRUCachePolicy(CachePolicy):
+    """Least recently used: evicts the ready block whose last use is oldest."""
+
+    name = "lru"
+
+    def __init__(self, cache_capacity: int) -> None:
+        super().__init__(cache_capacity)
+        self._blocks: dict[OffloadKey, BlockStatus] = {}
+        # Evictable keys, least recent first.
+        self._evictable: OrderedDict[OffloadKey, None] = OrderedDict()
+
+    def get(self, key: OffloadKey) -> BlockStatus | None:
+        return self._blocks.get(key)
+
+    def insert(
+        self, key: OffloadKey, block: BlockStatus, req_context: ReqContext | None = None
+    ) -> None:
+        self._blocks[key] = block
+        if block.ref_cnt == 0:
+            self._evictable[key] = None
+
+    def remove(self, key: OffloadKey) -> None:
+        if self._blocks.pop(key, None) is not None:
+            self._evictable.pop(key, None)
+
+    def touch(self, keys: Iterable[OffloadKey], req_context: ReqContext | None = None) -> None:
+        evictable = self._evictable
+        move = evictable.move_to_end
+        for key in reversed(keys if isinstance(keys, (list, tuple)) else list(keys)):
+            if key in evictable:
+                move(key)
+
+    def evict(self, n: int, protected: Collection[OffloadKey]) -> Victims | None:
+        if n <= 0:
+            return []
+        if n > len(self._evictable):
+            return None
+        chosen: list[OffloadKey] = []
+        for key in self._evictable:
+            if key in protected:
+                continue
+            chosen.append(key)
+            if len(chosen) == n:
+                break
+        else:
+            return None
+        blocks = self._blocks
+        evictable = self._evictable
+        victims: Victims = []
+        for key in chosen:
+            del evictable[key]
+            victims.append((key, blocks.pop(key)))
+        return victims
+
+    def clear(self) -> None:
+        self._blocks.clear()
+        self._evictable.clear()
+
+    def mark_evictable(self, key: OffloadKey) -> None:
+        if key in self._blocks:
+            self._evictable[key] = None
+            self._evictable.move_to_end(key)
+
+    def mark_non_evictable(self, key: OffloadKey) -> None:
+        self._evictable.pop(key, None)
+
+    def stats(self) -> Mapping[str, float]:
+        return {"blocks": len(self._blocks), "evictable": len(self._evictable)}
