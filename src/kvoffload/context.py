@@ -54,7 +54,7 @@ class ReqContext:
         return self._positions.get(key)
 
     def set_key_positions(self, keys: list[bytes], block_tokens: int, start: int = 0) -> None:
-        """Record positions for consecutive blocks of ``block_tokens`` tokens starting at ``start``."""
+        """Record positions of consecutive ``block_tokens``-token blocks starting at ``start``."""
         positions = self._positions
         for i, key in enumerate(keys):
             positions[key] = start + (i + 1) * block_tokens

@@ -25,7 +25,7 @@ _HASH_DIGEST_BYTES = 32
 
 
 def make_offload_key(block_hash: bytes, group_idx: int = 0) -> OffloadKey:
-    """Encode ``block_hash`` and ``group_idx`` as vLLM does: hash bytes + 4-byte big-endian index."""
+    """Encode like vLLM: ``block_hash`` bytes + ``group_idx`` as 4 big-endian bytes."""
     if not isinstance(block_hash, (bytes, bytearray, memoryview)):
         raise TypeError(f"block_hash must be bytes, got {type(block_hash).__name__}")
     if not 0 <= group_idx <= _MAX_GROUP_IDX:

@@ -18,10 +18,18 @@ from kvoffload.policies.factory import (
 #: (name, module, class, one-line description). The description must equal the first line of
 #: the class docstring (a test checks it), so listings need no import.
 BUILTIN_POLICIES: tuple[tuple[str, str, str, str], ...] = (
-    ("lru", "kvoffload.policies.lru", "LRUCachePolicy",
-     "Least recently used: evicts the ready block whose last use is oldest."),
-    ("arc", "kvoffload.policies.arc", "ARCCachePolicy",
-     "Adaptive Replacement Cache (FAST'03): balances recency and frequency with ghost lists."),
+    (
+        "lru",
+        "kvoffload.policies.lru",
+        "LRUCachePolicy",
+        "Least recently used: evicts the ready block whose last use is oldest.",
+    ),
+    (
+        "arc",
+        "kvoffload.policies.arc",
+        "ARCCachePolicy",
+        "Adaptive Replacement Cache (FAST'03): balances recency and frequency with ghost lists.",
+    ),
 )
 
 

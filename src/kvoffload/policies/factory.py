@@ -177,13 +177,17 @@ class CachePolicyFactory:
                 )
             logger.warning(
                 "Loading out-of-tree cache policy '%s' from module '%s': out-of-tree policy "
-                "loading is experimental.", class_name, mod
+                "loading is experimental.",
+                class_name,
+                mod,
             )
             return _load_class(name, mod, class_name)
         if module_path:
             logger.warning(
                 "Loading out-of-tree cache policy '%s' from module '%s': out-of-tree policy "
-                "loading is experimental.", name, module_path
+                "loading is experimental.",
+                name,
+                module_path,
             )
             return _load_class(name, module_path, name)
         entry_point = _find_entry_point(name)
@@ -212,7 +216,9 @@ class CachePolicyFactory:
             description = reg.description
             if description is None:
                 try:
-                    description = _first_line(_load_class(name, reg.module_path, reg.class_name).__doc__)
+                    description = _first_line(
+                        _load_class(name, reg.module_path, reg.class_name).__doc__
+                    )
                 except (ImportError, TypeError) as exc:
                     description = f"(cannot be loaded: {exc})"
             infos.append(

@@ -1,0 +1,35 @@
+"""The README's Python example runs as written (and its commands are the ones CI runs)."""
+
+from __future__ import annotations
+
+import re
+import sys
+import types
+
+from kvoffload.policies import CachePolicyFactory
+from conftest import REPO_ROOT
+
+
+def _python_blocks() -> list[str]:
+    text = (REPO_ROOT / "README.md").read_text()
+    return re.findall(r"```python\n(.*?)```", text, flags=re.S)
+
+
+def test_readme_policy_example_runs() -> None:
+    code = _python_blocks()[0]
+    module = types.ModuleType("readme_example")
+    sys.modules["readme_example"] = module
+    try:
+        with CachePolicyFactory.registry_snapshot():
+            exec(compile(code, "README.md", "exec"), module.__dict__)
+            policy = module.__dict__["policy"]
+            assert type(policy).__name__ == "MRUCachePolicy"
+            assert policy.cache_capacity == 1024
+    finally:
+        del sys.modules["readme_example"]
+
+
+def test_readme_has_both_fresh_machine_commands() -> None:
+    text = (REPO_ROOT / "README.md").read_text()
+    assert re.search(r"^pip install .*&& kvoffload simulate$", text, flags=re.M)
+    assert re.search(r"^pip install .*&& python -m pytest", text, flags=re.M)
