@@ -121,6 +121,9 @@ class CachePolicy(ABC):
     def mark_non_evictable(self, key: OffloadKey) -> None:  # noqa: B027 - optional hook
         """Hook: ``key``'s ``ref_cnt`` just left 0 (first concurrent load started)."""
 
+    def on_request_finished(self, req_context: ReqContext) -> None:  # noqa: B027 - optional hook
+        """Hook: the request will make no more store or load calls (completions may follow)."""
+
     def stats(self) -> Mapping[str, float]:
         """Policy-specific gauges (e.g. ARC's target and ghost sizes); empty by default."""
         return {}

@@ -1,0 +1,619 @@
+"""The offloading manager: block bookkeeping for a CPU tier (no data moves here).
+
+:class:`CPUOffloadingManager` has vLLM's API (``lookup``, two-phase ``prepare_load`` /
+``complete_load`` and ``prepare_store`` / ``complete_store``, ``on_new_request``,
+``on_request_finished``, ``reset_cache``, ``take_events``, ``get_stats``, ``shutdown``), so a
+driver written for vLLM's manager runs unchanged, with these semantics:
+
+* Slots are handed out fresh first (0, 1, 2, ...), then reused last-freed-first.
+* ``prepare_store`` skips keys already stored (ready ones count as a use, pending ones belong
+  to another store), protects every offered key from eviction, and is all-or-nothing unless
+  ``partial_store=True`` (then it stores the longest prefix of the new keys that fits). A
+  store that cannot fit returns ``None``; when the evictable count alone says it cannot fit,
+  the policy is not called and no cache state changes.
+* A pending block (being written) is ``HIT_PENDING`` and never evicted; a block being read is
+  pinned (counted once however many loads share it) and never evicted.
+* Each request's access counts once per key for the policy (``touch`` is deduplicated per
+  request), so repeated touches cannot inflate frequency-based policies.
+* Completions: a failed store frees its slots and leaves no key behind. A duplicate
+  ``complete_store`` of a ready key is ignored (counted). A completion of a job prepared
+  before ``reset_cache`` is ignored (counted): each request's in-flight jobs are stamped with
+  the cache generation, so stale completions never touch new blocks. Completing a key that
+  was never prepared raises ``ValueError`` and changes nothing.
+
+Threading model: one scheduler thread calls the manager. When completions arrive from other
+threads, build the manager with ``thread_safe=True``: every public method then holds one
+lock (see ``benchmarks/manager_lock_cost.py`` for its cost).
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+import logging
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from kvoffload.admission import AdmissionFilter, build_admission
+from kvoffload.context import ReqContext
+from kvoffload.events import CPU_MEDIUM, OffloadingEvent
+from kvoffload.keys import OffloadKey
+from kvoffload.policies import BlockStatus, CachePolicy, create_cache_policy
+
+logger = logging.getLogger(__name__)
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class LookupResult(enum.Enum):
+    """Outcome of looking up one key (vLLM's values)."""
+
+    MISS = "miss"
+    HIT = "hit"  # stored and readable
+    HIT_PENDING = "hit_pending"  # stored, but its write has not completed yet
+    RETRY = "retry"  # location unknown yet (async tiers); the CPU tier never returns it
+
+
+class OffloadPolicy(enum.Enum):
+    """Which blocks of a request a tier wants offered (vLLM's ``RequestOffloadingContext``)."""
+
+    CHUNK_LEVEL = "chunk_level"  # skip blocks that were prefix hits
+    REQUEST_LEVEL = "request_level"  # every block of the request
+
+
+@dataclass(frozen=True)
+class RequestOffloadingContext:
+    """What ``on_new_request`` returns: the tier's per-request preferences."""
+
+    policy: OffloadPolicy = OffloadPolicy.CHUNK_LEVEL
+
+
+@dataclass(frozen=True)
+class CPULoadStoreSpec:
+    """CPU slot ids, co-indexed with the keys of the call that produced them."""
+
+    block_ids: list[int]
+    generation: int = 0
+
+    @staticmethod
+    def medium() -> str:
+        return CPU_MEDIUM
+
+
+@dataclass(frozen=True)
+class PrepareStoreOutput:
+    """Result of ``prepare_store``: what to write, where, and what was evicted for it."""
+
+    keys_to_store: list[OffloadKey]
+    store_spec: CPULoadStoreSpec
+    evicted_keys: list[OffloadKey]
+
+
+@dataclass(frozen=True)
+class OffloadingStats:
+    """Cumulative counters since construction plus gauges at the time of the call."""
+
+    num_blocks: int
+    stored_blocks: int
+    pending_blocks: int
+    pinned_blocks: int
+    evictable_blocks: int
+    lookups: int
+    hits: int
+    hits_pending: int
+    misses: int
+    loads: int
+    stores_prepared: int
+    stores_completed: int
+    stores_failed: int
+    admission_rejects: int
+    evictions: int
+    failed_allocations: int
+    stale_completions: int
+    duplicate_completions: int
+    resets: int
+    generation: int
+    policy: Mapping[str, float] = field(default_factory=dict)
+
+    @property
+    def fill_ratio(self) -> float:
+        """Stored (ready or pending) blocks / capacity: how full the tier is."""
+        return self.stored_blocks / self.num_blocks if self.num_blocks else 0.0
+
+    @property
+    def pending_ratio(self) -> float:
+        """Blocks being written / capacity."""
+        return self.pending_blocks / self.num_blocks if self.num_blocks else 0.0
+
+    @property
+    def pinned_ratio(self) -> float:
+        """Blocks being read / capacity."""
+        return self.pinned_blocks / self.num_blocks if self.num_blocks else 0.0
+
+    @property
+    def hit_ratio(self) -> float:
+        """HIT lookups / all lookups (HIT_PENDING counted apart)."""
+        return self.hits / self.lookups if self.lookups else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        """Flat dict of every counter, gauge and ratio (policy gauges prefixed ``policy_``)."""
+        out: dict[str, Any] = {
+            name: getattr(self, name) for name in self.__dataclass_fields__ if name != "policy"
+        }
+        out.update(
+            fill_ratio=self.fill_ratio,
+            pending_ratio=self.pending_ratio,
+            pinned_ratio=self.pinned_ratio,
+            hit_ratio=self.hit_ratio,
+        )
+        out.update({f"policy_{k}": v for k, v in self.policy.items()})
+        return out
+
+
+class OffloadingManager(ABC):
+    """Scheduler-side contract of an offloading tier (vLLM's ``OffloadingManager`` shape)."""
+
+    @abstractmethod
+    def lookup(self, key: OffloadKey, ctx: ReqContext | None = None) -> LookupResult:
+        """Is ``key`` stored and readable? Pure: no recency or statistics of the policy change."""
+
+    @abstractmethod
+    def prepare_load(self, keys: Sequence[OffloadKey], ctx: ReqContext) -> CPULoadStoreSpec:
+        """Pin ready ``keys`` for reading until ``complete_load``; return their slots."""
+
+    def touch(self, keys: Sequence[OffloadKey], ctx: ReqContext | None = None) -> None:  # noqa: B027
+        """Record a use of ``keys`` (e.g. a GPU prefix-cache hit on them)."""
+
+    def complete_load(self, keys: Sequence[OffloadKey], ctx: ReqContext) -> None:  # noqa: B027
+        """Unpin ``keys`` after their load finished."""
+
+    @abstractmethod
+    def prepare_store(
+        self, keys: Sequence[OffloadKey], ctx: ReqContext
+    ) -> PrepareStoreOutput | None:
+        """Allocate slots for the keys not stored yet (evicting if needed), or ``None``."""
+
+    def complete_store(  # noqa: B027
+        self, keys: Sequence[OffloadKey], ctx: ReqContext, success: bool = True
+    ) -> None:
+        """Make stored ``keys`` readable, or drop them when their write failed."""
+
+    def on_new_request(self, ctx: ReqContext) -> RequestOffloadingContext:
+        """A request starts; returns the tier's per-request preferences."""
+        return RequestOffloadingContext()
+
+    def on_request_finished(self, ctx: ReqContext) -> None:  # noqa: B027
+        """The request makes no more prepare calls (completions may still arrive)."""
+
+    def take_events(self) -> list[OffloadingEvent]:
+        """Drain the events recorded since the last call."""
+        return []
+
+    def reset_cache(self) -> None:  # noqa: B027
+        """Drop every block."""
+
+    def get_stats(self) -> OffloadingStats | None:
+        """Counters and gauges, or ``None`` when the tier keeps none."""
+        return None
+
+    def has_pending_work(self) -> bool:
+        """Whether the engine must keep stepping for this tier (never for the CPU tier)."""
+        return False
+
+    def shutdown(self) -> None:  # noqa: B027
+        """Release resources."""
+
+
+class _RequestRecord:
+    """Per-request bookkeeping kept in the request's ``ReqContext`` (no global map to leak)."""
+
+    __slots__ = ("generation", "loads", "stores", "touched")
+
+    def __init__(self, generation: int) -> None:
+        self.generation = generation
+        self.touched: set[OffloadKey] = set()
+        self.stores: dict[OffloadKey, int] = {}  # in-flight store -> generation
+        self.loads: dict[OffloadKey, tuple[int, int]] = {}  # in-flight load -> (generation, n)
+
+
+def _locked(lock: threading.RLock, method: F) -> F:
+    @functools.wraps(method)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        with lock:
+            return method(*args, **kwargs)
+
+    return wrapper  # type: ignore[return-value]
+
+
+_PUBLIC_METHODS = (
+    "lookup",
+    "prepare_load",
+    "touch",
+    "complete_load",
+    "prepare_store",
+    "complete_store",
+    "on_new_request",
+    "on_request_finished",
+    "take_events",
+    "reset_cache",
+    "get_stats",
+)
+
+
+class CPUOffloadingManager(OffloadingManager):
+    """Bookkeeping of a fixed pool of CPU slots with a pluggable eviction policy.
+
+    Args:
+        num_blocks: number of slots (offloaded blocks the tier holds).
+        cache_policy: policy name (``"lru"``, ``"arc"``, any registered or entry-point name,
+            ``"module:Class"``) or a ``CachePolicy`` instance built by the caller.
+        cache_policy_module_path: module of an unregistered policy class named ``cache_policy``.
+        cache_policy_params: keyword parameters for the policy's constructor.
+        enable_events: record :class:`OffloadingEvent` s for ``take_events``.
+        store_threshold: admit a block on its N-th offer (0 or 1: store everything).
+        max_tracker_size: bound of the offer tracker used when ``store_threshold >= 2``.
+        admission: extra admission filter(s) (see :mod:`kvoffload.admission`).
+        skip_partial_tail: never store the request's last, partial block.
+        partial_store: store the longest prefix that fits instead of nothing.
+        thread_safe: guard every public method with one lock.
+    """
+
+    def __init__(
+        self,
+        num_blocks: int,
+        cache_policy: str | CachePolicy = "lru",
+        cache_policy_module_path: str | None = None,
+        cache_policy_params: Mapping[str, Any] | None = None,
+        enable_events: bool = False,
+        store_threshold: int = 0,
+        max_tracker_size: int = 64000,
+        admission: AdmissionFilter | Sequence[AdmissionFilter] | None = None,
+        skip_partial_tail: bool = False,
+        partial_store: bool = False,
+        thread_safe: bool = False,
+    ) -> None:
+        if isinstance(num_blocks, bool) or not isinstance(num_blocks, int):
+            raise TypeError(f"num_blocks must be an int, got {type(num_blocks).__name__}")
+        if num_blocks < 0:
+            raise ValueError(f"num_blocks must be >= 0, got {num_blocks}")
+        self.num_blocks = num_blocks
+        if isinstance(cache_policy, CachePolicy):
+            if cache_policy_params:
+                raise ValueError("cache_policy_params cannot be used with a policy instance")
+            self._policy = cache_policy
+        else:
+            self._policy = create_cache_policy(
+                cache_policy, num_blocks, cache_policy_module_path, dict(cache_policy_params or {})
+            )
+        self._admission = build_admission(
+            admission, store_threshold, max_tracker_size, skip_partial_tail
+        )
+        self._enable_events = enable_events
+        self._partial_store = partial_store
+        self._events: list[OffloadingEvent] = []
+        self._generation = 0
+        self._num_allocated = 0
+        self._free: list[int] = []
+        self._num_evictable = 0
+        self._num_pending = 0
+        self._counters: dict[str, int] = dict.fromkeys(
+            (
+                "lookups",
+                "hits",
+                "hits_pending",
+                "misses",
+                "loads",
+                "stores_prepared",
+                "stores_completed",
+                "stores_failed",
+                "admission_rejects",
+                "evictions",
+                "failed_allocations",
+                "stale_completions",
+                "duplicate_completions",
+                "resets",
+            ),
+            0,
+        )
+        self._lookups = self._hits = self._hits_pending = 0
+        if thread_safe:
+            lock = threading.RLock()
+            for name in _PUBLIC_METHODS:
+                setattr(self, name, _locked(lock, getattr(self, name)))
+
+    # ----------------------------------------------------------------- helpers
+    @property
+    def policy(self) -> CachePolicy:
+        """The eviction policy instance (read-only access for introspection)."""
+        return self._policy
+
+    @property
+    def generation(self) -> int:
+        """Bumped by every ``reset_cache``."""
+        return self._generation
+
+    def _record(self, ctx: ReqContext | None) -> _RequestRecord:
+        if ctx is None:
+            raise ValueError("this call needs the request's ReqContext")
+        record = ctx.get_state(_RequestRecord)
+        if record is None:
+            record = _RequestRecord(self._generation)
+            ctx.set_state(record)
+        elif record.generation != self._generation:
+            # The request outlived a reset: its accesses start over in the new cache.
+            record.generation = self._generation
+            record.touched.clear()
+        return record
+
+    def _touch_once(
+        self, record: _RequestRecord, keys: Iterable[OffloadKey], ctx: ReqContext | None
+    ) -> None:
+        touched = record.touched
+        fresh = [k for k in keys if k not in touched]
+        if fresh:
+            touched.update(fresh)
+            self._policy.touch(fresh, ctx)
+
+    def _free_slots(self) -> int:
+        return self.num_blocks - self._num_allocated + len(self._free)
+
+    # --------------------------------------------------------------- the API
+    def lookup(self, key: OffloadKey, ctx: ReqContext | None = None) -> LookupResult:
+        self._lookups += 1
+        status = self._policy.get(key)
+        if status is None:
+            return LookupResult.MISS
+        if status.ref_cnt >= 0:
+            self._hits += 1
+            return LookupResult.HIT
+        self._hits_pending += 1
+        return LookupResult.HIT_PENDING
+
+    def prepare_load(self, keys: Sequence[OffloadKey], ctx: ReqContext) -> CPULoadStoreSpec:
+        get = self._policy.get
+        statuses: list[BlockStatus] = []
+        for key in keys:
+            status = get(key)
+            if status is None or status.ref_cnt < 0:
+                state = "not stored" if status is None else "still being written"
+                raise ValueError(
+                    f"prepare_load: key {key.hex()} is {state}; load only keys whose lookup "
+                    "returned HIT"
+                )
+            statuses.append(status)
+        record = self._record(ctx)
+        self._touch_once(record, keys, ctx)
+        mark_non_evictable = self._policy.mark_non_evictable
+        loads = record.loads
+        generation = self._generation
+        for key, status in zip(keys, statuses, strict=True):
+            if status.ref_cnt == 0:
+                mark_non_evictable(key)
+                self._num_evictable -= 1
+            status.ref_cnt += 1
+            previous = loads.get(key)
+            loads[key] = (generation, 1 if previous is None else previous[1] + 1)
+        self._counters["loads"] += len(keys)
+        return CPULoadStoreSpec([s.block_id for s in statuses], generation)
+
+    def complete_load(self, keys: Sequence[OffloadKey], ctx: ReqContext) -> None:
+        record = self._record(ctx)
+        loads = record.loads
+        for key in keys:
+            if key not in loads:
+                raise ValueError(
+                    f"complete_load: key {key.hex()} has no load in flight for request "
+                    f"'{ctx.req_id}'"
+                )
+        get = self._policy.get
+        mark_evictable = self._policy.mark_evictable
+        generation = self._generation
+        for key in reversed(keys):  # tail first, so the head ends most recent
+            load_generation, count = loads.pop(key)
+            if count > 1:
+                loads[key] = (load_generation, count - 1)
+            if load_generation != generation:
+                self._counters["stale_completions"] += 1
+                continue
+            status = get(key)
+            if status is None or status.ref_cnt <= 0:  # cannot happen unless state was corrupted
+                raise RuntimeError(f"complete_load: key {key.hex()} is not pinned")
+            status.ref_cnt -= 1
+            if status.ref_cnt == 0:
+                self._num_evictable += 1
+                mark_evictable(key)
+
+    def touch(self, keys: Sequence[OffloadKey], ctx: ReqContext | None = None) -> None:
+        if ctx is None:
+            self._policy.touch(list(keys), None)
+            return
+        self._touch_once(self._record(ctx), keys, ctx)
+
+    def prepare_store(
+        self, keys: Sequence[OffloadKey], ctx: ReqContext
+    ) -> PrepareStoreOutput | None:
+        get = self._policy.get
+        record = self._record(ctx)
+        absent: list[OffloadKey] = []
+        accessed: list[OffloadKey] = []  # offered keys that are absent or stored and ready
+        protected_evictable = 0
+        for key in keys:
+            status = get(key)
+            if status is None:
+                absent.append(key)
+                accessed.append(key)
+            elif status.ref_cnt >= 0:
+                accessed.append(key)
+                if status.ref_cnt == 0:
+                    protected_evictable += 1
+        to_store = absent
+        if absent and self._admission is not None:
+            to_store = self._admission.admit(absent, ctx)
+            self._counters["admission_rejects"] += len(absent) - len(to_store)
+
+        free = self._free_slots()
+        need = len(to_store) - free
+        available = self._num_evictable - protected_evictable
+        if need > available:
+            if not self._partial_store or free + available <= 0:
+                self._counters["failed_allocations"] += 1
+                return None
+            to_store = to_store[: free + available]
+            need = len(to_store) - free
+
+        # One access per request and key, misses included (ghost learning), head first.
+        self._touch_once(record, accessed, ctx)
+        if not to_store:
+            return PrepareStoreOutput([], CPULoadStoreSpec([], self._generation), [])
+        evicted_keys: list[OffloadKey] = []
+        if need > 0:
+            victims = self._policy.evict(need, set(keys))
+            if victims is None:
+                self._counters["failed_allocations"] += 1
+                return None
+            free_list = self._free
+            for key, status in victims:
+                free_list.append(status.block_id)
+                evicted_keys.append(key)
+            self._num_evictable -= len(victims)
+            self._counters["evictions"] += len(victims)
+            if self._enable_events:
+                self._events.append(OffloadingEvent(tuple(evicted_keys), removed=True))
+
+        insert = self._policy.insert
+        slots: list[int] = []
+        stores = record.stores
+        generation = self._generation
+        fresh = self.num_blocks - self._num_allocated
+        free_list = self._free
+        for key in to_store:
+            if fresh > 0:
+                slot = self._num_allocated
+                self._num_allocated += 1
+                fresh -= 1
+            else:
+                slot = free_list.pop()
+            slots.append(slot)
+            insert(key, BlockStatus(slot, -1), ctx)
+            stores[key] = generation
+        self._num_pending += len(to_store)
+        self._counters["stores_prepared"] += len(to_store)
+        return PrepareStoreOutput(to_store, CPULoadStoreSpec(slots, generation), evicted_keys)
+
+    def complete_store(
+        self, keys: Sequence[OffloadKey], ctx: ReqContext, success: bool = True
+    ) -> None:
+        record = self._record(ctx)
+        stores = record.stores
+        get = self._policy.get
+        for key in keys:
+            if key not in stores:
+                status = get(key)
+                if status is None or status.ref_cnt < 0:
+                    raise ValueError(
+                        f"complete_store: key {key.hex()} has no store in flight for request "
+                        f"'{ctx.req_id}'"
+                    )
+        generation = self._generation
+        completed: list[OffloadKey] = []
+        policy = self._policy
+        for key in reversed(keys):  # tail first, so the head ends most recent
+            store_generation = stores.pop(key, None)
+            if store_generation is None:
+                self._counters["duplicate_completions"] += 1
+                continue
+            if store_generation != generation:
+                self._counters["stale_completions"] += 1
+                continue
+            status = get(key)
+            if status is None or status.ref_cnt != -1:  # cannot happen unless state was corrupted
+                raise RuntimeError(f"complete_store: key {key.hex()} is not being written")
+            self._num_pending -= 1
+            if success:
+                status.ref_cnt = 0
+                self._num_evictable += 1
+                policy.mark_evictable(key)
+                completed.append(key)
+            else:
+                policy.remove(key)
+                self._free.append(status.block_id)
+                completed.append(key)
+        if success:
+            self._counters["stores_completed"] += len(completed)
+            if completed and self._enable_events:
+                completed.reverse()
+                self._events.append(OffloadingEvent(tuple(completed)))
+        else:
+            self._counters["stores_failed"] += len(completed)
+
+    def on_new_request(self, ctx: ReqContext) -> RequestOffloadingContext:
+        self._record(ctx)
+        return RequestOffloadingContext()
+
+    def on_request_finished(self, ctx: ReqContext) -> None:
+        record = ctx.get_state(_RequestRecord)
+        if record is not None:
+            record.touched.clear()
+        self._policy.on_request_finished(ctx)
+
+    def take_events(self) -> list[OffloadingEvent]:
+        events, self._events = self._events, []
+        return events
+
+    def reset_cache(self) -> None:
+        self._policy.clear()
+        self._generation += 1
+        self._num_allocated = 0
+        self._free.clear()
+        self._num_evictable = 0
+        self._num_pending = 0
+        if self._admission is not None:
+            self._admission.reset()
+        self._counters["resets"] += 1
+        if self._enable_events:
+            self._events.append(OffloadingEvent((), removed=True, reset=True))
+
+    def get_stats(self) -> OffloadingStats:
+        c = self._counters
+        stored = self._num_allocated - len(self._free)
+        return OffloadingStats(
+            num_blocks=self.num_blocks,
+            stored_blocks=stored,
+            pending_blocks=self._num_pending,
+            pinned_blocks=stored - self._num_pending - self._num_evictable,
+            evictable_blocks=self._num_evictable,
+            lookups=self._lookups,
+            hits=self._hits,
+            hits_pending=self._hits_pending,
+            misses=self._lookups - self._hits - self._hits_pending,
+            loads=c["loads"],
+            stores_prepared=c["stores_prepared"],
+            stores_completed=c["stores_completed"],
+            stores_failed=c["stores_failed"],
+            admission_rejects=c["admission_rejects"],
+            evictions=c["evictions"],
+            failed_allocations=c["failed_allocations"],
+            stale_completions=c["stale_completions"],
+            duplicate_completions=c["duplicate_completions"],
+            resets=c["resets"],
+            generation=self._generation,
+            policy=dict(self._policy.stats()),
+        )
+
+    def shutdown(self) -> None:
+        self._events.clear()
+
+
+__all__ = [
+    "CPULoadStoreSpec",
+    "CPUOffloadingManager",
+    "LookupResult",
+    "OffloadPolicy",
+    "OffloadingManager",
+    "OffloadingStats",
+    "PrepareStoreOutput",
+    "RequestOffloadingContext",
+]
