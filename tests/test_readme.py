@@ -6,8 +6,8 @@ import re
 import sys
 import types
 
-from kvoffload.policies import CachePolicyFactory
 from conftest import REPO_ROOT
+from kvoffload.policies import CachePolicyFactory
 
 
 def _python_blocks() -> list[str]:
