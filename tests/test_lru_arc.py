@@ -328,3 +328,20 @@ class LRUAgainstListModel(RuleBasedStateMachine):
 
 TestLRUAgainstListModel = LRUAgainstListModel.TestCase
 TestLRUAgainstListModel.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)
+
+
+def test_arc_closed_form_plan_equals_step_by_step_replace() -> None:
+    rng = random.Random(11)
+    checked = 0
+    for _ in range(300):
+        capacity = rng.randint(1, 12)
+        policy = ARCCachePolicy(capacity)
+        sequence = [rng.randrange(3 * capacity) for _ in range(rng.randint(0, 80))]
+        drive_single_blocks(policy, sequence)
+        for n in range(0, capacity + 2):
+            for missed_in_b2 in (False, True):
+                fast = policy._plan_without_protection(n, missed_in_b2)
+                if fast is not None:
+                    assert fast == policy._plan(n, set(), missed_in_b2)
+                    checked += 1
+    assert checked > 1000

@@ -419,3 +419,41 @@ def test_thread_safe_manager_under_concurrent_completions() -> None:
     assert not errors
     s = m.get_stats()
     assert s.stored_blocks == 64 and s.evictable_blocks == 64 and s.stores_completed == 800
+
+
+class HookedLRU(LRUCachePolicy):
+    """Overrides the single-key hooks the manager may batch or skip for plain LRU."""
+
+    def __init__(self, cache_capacity: int) -> None:
+        super().__init__(cache_capacity)
+        self.inserted: list[OffloadKey] = []
+        self.marked: list[OffloadKey] = []
+        self.touched: list[OffloadKey] = []
+
+    def insert(self, key, block, req_context=None):  # type: ignore[no-untyped-def]
+        self.inserted.append(key)
+        super().insert(key, block, req_context)
+
+    def mark_evictable(self, key: OffloadKey) -> None:
+        self.marked.append(key)
+        super().mark_evictable(key)
+
+    def touch(self, keys, req_context=None):  # type: ignore[no-untyped-def]
+        keys = list(keys)
+        self.touched.extend(keys)
+        super().touch(keys, req_context)
+
+
+def test_subclass_hooks_are_honoured_by_batched_calls() -> None:
+    policy = HookedLRU(4)
+    m = CPUOffloadingManager(4, cache_policy=policy)
+    store(m, [1, 2, 3])
+    assert policy.inserted == keys(1, 2, 3)
+    assert policy.marked == keys(3, 2, 1)  # tail first: the head ends most recent
+    assert policy.touched == keys(1, 2, 3)  # plain LRU skips touching misses; this one doesn't
+
+
+def test_plain_lru_skips_touching_pure_misses_but_arc_does_not() -> None:
+    assert CPUOffloadingManager(2)._touch_misses is False
+    assert CPUOffloadingManager(2, cache_policy="arc")._touch_misses is True
+    assert CPUOffloadingManager(2, cache_policy=HookedLRU(2))._touch_misses is True

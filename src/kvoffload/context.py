@@ -30,6 +30,9 @@ class ReqContext:
         prefix_hit_blocks: how many leading blocks of the request were hits at lookup.
         num_blocks: how many blocks (keys) the request has in total, if known.
         partial_tail_key: the key of the request's last, partially filled block, if any.
+        prompt_tokens: the request's prompt length in tokens, if known.
+        output_tokens: how many tokens the request generated; known once it finished (set it
+            before ``on_request_finished``), ``None`` before.
     """
 
     req_id: str = ""
@@ -42,6 +45,8 @@ class ReqContext:
     prefix_hit_blocks: int = 0
     num_blocks: int | None = None
     partial_tail_key: bytes | None = None
+    prompt_tokens: int | None = None
+    output_tokens: int | None = None
     _positions: dict[bytes, int] = field(default_factory=dict, repr=False)
     _state: dict[type, object] = field(default_factory=dict, repr=False)
 

@@ -64,6 +64,11 @@ class OffloadPolicy(enum.Enum):
     REQUEST_LEVEL = "request_level"  # every block of the request
 
 
+_MISS = LookupResult.MISS
+_HIT = LookupResult.HIT
+_HIT_PENDING = LookupResult.HIT_PENDING
+
+
 @dataclass(frozen=True)
 class RequestOffloadingContext:
     """What ``on_new_request`` returns: the tier's per-request preferences."""
@@ -208,15 +213,31 @@ class OffloadingManager(ABC):
 
 
 class _RequestRecord:
-    """Per-request bookkeeping kept in the request's ``ReqContext`` (no global map to leak)."""
+    """Per-request bookkeeping kept in the request's ``ReqContext`` (no global map to leak).
 
-    __slots__ = ("generation", "loads", "stores", "touched")
+    ``stores`` / ``loads`` hold the jobs prepared in ``generation``; when the cache is reset
+    while jobs are in flight they move to ``stale_stores`` / ``stale_loads``, so their
+    completions are recognised and ignored.
+    """
+
+    __slots__ = ("generation", "loads", "stale_loads", "stale_stores", "stores", "touched")
 
     def __init__(self, generation: int) -> None:
         self.generation = generation
         self.touched: set[OffloadKey] = set()
-        self.stores: dict[OffloadKey, int] = {}  # in-flight store -> generation
-        self.loads: dict[OffloadKey, tuple[int, int]] = {}  # in-flight load -> (generation, n)
+        self.stores: set[OffloadKey] = set()
+        self.loads: dict[OffloadKey, int] = {}  # key -> loads in flight
+        self.stale_stores: set[OffloadKey] = set()
+        self.stale_loads: dict[OffloadKey, int] = {}
+
+    def start_generation(self, generation: int) -> None:
+        self.generation = generation
+        self.touched.clear()
+        self.stale_stores |= self.stores
+        self.stores = set()
+        for key, count in self.loads.items():
+            self.stale_loads[key] = self.stale_loads.get(key, 0) + count
+        self.loads = {}
 
 
 def _locked(lock: threading.RLock, method: F) -> F:
@@ -226,6 +247,17 @@ def _locked(lock: threading.RLock, method: F) -> F:
             return method(*args, **kwargs)
 
     return wrapper  # type: ignore[return-value]
+
+
+def _touches_misses(policy: CachePolicy) -> bool:
+    """Whether the manager must touch keys that are not stored (see ``touches_misses``).
+
+    A subclass that overrides ``touch`` below the class that declared it needless gets them.
+    """
+    if policy.touches_misses:
+        return True
+    owner = next(c for c in type(policy).__mro__ if "touches_misses" in vars(c))
+    return type(policy).touch is not getattr(owner, "touch", None)
 
 
 _PUBLIC_METHODS = (
@@ -296,7 +328,7 @@ class CPUOffloadingManager(OffloadingManager):
         self._events: list[OffloadingEvent] = []
         self._generation = 0
         self._num_allocated = 0
-        self._free: list[int] = []
+        self._free: list[BlockStatus] = []  # statuses of freed slots, reused last-freed-first
         self._num_evictable = 0
         self._num_pending = 0
         self._counters: dict[str, int] = dict.fromkeys(
@@ -319,6 +351,8 @@ class CPUOffloadingManager(OffloadingManager):
             0,
         )
         self._lookups = self._hits = self._hits_pending = 0
+        self._get = self._status_getter()
+        self._touch_misses = _touches_misses(self._policy)
         if thread_safe:
             lock = threading.RLock()
             for name in _PUBLIC_METHODS:
@@ -335,6 +369,11 @@ class CPUOffloadingManager(OffloadingManager):
         """Bumped by every ``reset_cache``."""
         return self._generation
 
+    def _status_getter(self) -> Callable[[OffloadKey], BlockStatus | None]:
+        """The policy's block table lookup (C-level) when it exposes one, else its ``get``."""
+        table = self._policy.block_table
+        return table.get if table is not None else self._policy.get
+
     def _record(self, ctx: ReqContext | None) -> _RequestRecord:
         if ctx is None:
             raise ValueError("this call needs the request's ReqContext")
@@ -343,40 +382,35 @@ class CPUOffloadingManager(OffloadingManager):
             record = _RequestRecord(self._generation)
             ctx.set_state(record)
         elif record.generation != self._generation:
-            # The request outlived a reset: its accesses start over in the new cache.
-            record.generation = self._generation
-            record.touched.clear()
+            record.start_generation(self._generation)  # the request outlived a reset
         return record
 
     def _touch_once(
         self, record: _RequestRecord, keys: Iterable[OffloadKey], ctx: ReqContext | None
     ) -> None:
         touched = record.touched
-        fresh = [k for k in keys if k not in touched]
+        fresh = list(keys) if not touched else [k for k in keys if k not in touched]
         if fresh:
             touched.update(fresh)
             self._policy.touch(fresh, ctx)
 
-    def _free_slots(self) -> int:
-        return self.num_blocks - self._num_allocated + len(self._free)
-
     # --------------------------------------------------------------- the API
     def lookup(self, key: OffloadKey, ctx: ReqContext | None = None) -> LookupResult:
         self._lookups += 1
-        status = self._policy.get(key)
+        status = self._get(key)
         if status is None:
-            return LookupResult.MISS
+            return _MISS
         if status.ref_cnt >= 0:
             self._hits += 1
-            return LookupResult.HIT
+            return _HIT
         self._hits_pending += 1
-        return LookupResult.HIT_PENDING
+        return _HIT_PENDING
 
     def prepare_load(self, keys: Sequence[OffloadKey], ctx: ReqContext) -> CPULoadStoreSpec:
-        get = self._policy.get
+        get = self._get
+        found = [get(key) for key in keys]
         statuses: list[BlockStatus] = []
-        for key in keys:
-            status = get(key)
+        for key, status in zip(keys, found, strict=True):
             if status is None or status.ref_cnt < 0:
                 state = "not stored" if status is None else "still being written"
                 raise ValueError(
@@ -388,43 +422,52 @@ class CPUOffloadingManager(OffloadingManager):
         self._touch_once(record, keys, ctx)
         mark_non_evictable = self._policy.mark_non_evictable
         loads = record.loads
-        generation = self._generation
+        pinned_now = 0
         for key, status in zip(keys, statuses, strict=True):
             if status.ref_cnt == 0:
                 mark_non_evictable(key)
-                self._num_evictable -= 1
+                pinned_now += 1
             status.ref_cnt += 1
-            previous = loads.get(key)
-            loads[key] = (generation, 1 if previous is None else previous[1] + 1)
+            loads[key] = loads.get(key, 0) + 1
+        self._num_evictable -= pinned_now
         self._counters["loads"] += len(keys)
-        return CPULoadStoreSpec([s.block_id for s in statuses], generation)
+        return CPULoadStoreSpec([s.block_id for s in statuses], self._generation)
 
     def complete_load(self, keys: Sequence[OffloadKey], ctx: ReqContext) -> None:
         record = self._record(ctx)
         loads = record.loads
+        stale_loads = record.stale_loads
         for key in keys:
-            if key not in loads:
+            if key not in loads and key not in stale_loads:
                 raise ValueError(
                     f"complete_load: key {key.hex()} has no load in flight for request "
                     f"'{ctx.req_id}'"
                 )
-        get = self._policy.get
-        mark_evictable = self._policy.mark_evictable
-        generation = self._generation
+        get = self._get
+        released: list[OffloadKey] = []
         for key in reversed(keys):  # tail first, so the head ends most recent
-            load_generation, count = loads.pop(key)
-            if count > 1:
-                loads[key] = (load_generation, count - 1)
-            if load_generation != generation:
+            count = loads.get(key)
+            if count is None:  # prepared before a reset: the pin is gone with the old cache
+                left = stale_loads[key] - 1
+                if left:
+                    stale_loads[key] = left
+                else:
+                    del stale_loads[key]
                 self._counters["stale_completions"] += 1
                 continue
+            if count == 1:
+                del loads[key]
+            else:
+                loads[key] = count - 1
             status = get(key)
             if status is None or status.ref_cnt <= 0:  # cannot happen unless state was corrupted
                 raise RuntimeError(f"complete_load: key {key.hex()} is not pinned")
             status.ref_cnt -= 1
             if status.ref_cnt == 0:
-                self._num_evictable += 1
-                mark_evictable(key)
+                released.append(key)
+        if released:
+            self._policy.mark_evictable_many(released)
+            self._num_evictable += len(released)
 
     def touch(self, keys: Sequence[OffloadKey], ctx: ReqContext | None = None) -> None:
         if ctx is None:
@@ -435,119 +478,139 @@ class CPUOffloadingManager(OffloadingManager):
     def prepare_store(
         self, keys: Sequence[OffloadKey], ctx: ReqContext
     ) -> PrepareStoreOutput | None:
-        get = self._policy.get
+        get = self._get
         record = self._record(ctx)
-        absent: list[OffloadKey] = []
-        accessed: list[OffloadKey] = []  # offered keys that are absent or stored and ready
+        statuses = [get(key) for key in keys]
         protected_evictable = 0
-        for key in keys:
-            status = get(key)
-            if status is None:
-                absent.append(key)
-                accessed.append(key)
-            elif status.ref_cnt >= 0:
-                accessed.append(key)
-                if status.ref_cnt == 0:
-                    protected_evictable += 1
+        if any(statuses):  # some offered keys are stored already: the slower, rarer path
+            absent = []
+            accessed = []  # absent, or stored and ready (a use); pending ones belong to others
+            for key, status in zip(keys, statuses, strict=True):
+                if status is None:
+                    absent.append(key)
+                    accessed.append(key)
+                elif status.ref_cnt >= 0:
+                    accessed.append(key)
+                    if status.ref_cnt == 0:
+                        protected_evictable += 1
+        else:
+            absent = accessed = list(keys)
         to_store = absent
         if absent and self._admission is not None:
             to_store = self._admission.admit(absent, ctx)
             self._counters["admission_rejects"] += len(absent) - len(to_store)
 
-        free = self._free_slots()
-        need = len(to_store) - free
+        num_free = self.num_blocks - self._num_allocated + len(self._free)
+        need = len(to_store) - num_free
         available = self._num_evictable - protected_evictable
         if need > available:
-            if not self._partial_store or free + available <= 0:
+            if not self._partial_store or num_free + available <= 0:
                 self._counters["failed_allocations"] += 1
                 return None
-            to_store = to_store[: free + available]
-            need = len(to_store) - free
+            to_store = to_store[: num_free + available]
+            need = len(to_store) - num_free
 
         # One access per request and key, misses included (ghost learning), head first.
-        self._touch_once(record, accessed, ctx)
+        if self._touch_misses or accessed is not absent:
+            self._touch_once(record, accessed, ctx)
         if not to_store:
             return PrepareStoreOutput([], CPULoadStoreSpec([], self._generation), [])
+        free_list = self._free
         evicted_keys: list[OffloadKey] = []
         if need > 0:
             victims = self._policy.evict(need, set(keys))
             if victims is None:
                 self._counters["failed_allocations"] += 1
                 return None
-            free_list = self._free
-            for key, status in victims:
-                free_list.append(status.block_id)
-                evicted_keys.append(key)
+            evicted_keys = [key for key, _ in victims]
+            free_list.extend([status for _, status in victims])
             self._num_evictable -= len(victims)
             self._counters["evictions"] += len(victims)
             if self._enable_events:
                 self._events.append(OffloadingEvent(tuple(evicted_keys), removed=True))
 
-        insert = self._policy.insert
-        slots: list[int] = []
-        stores = record.stores
-        generation = self._generation
-        fresh = self.num_blocks - self._num_allocated
-        free_list = self._free
-        for key in to_store:
-            if fresh > 0:
-                slot = self._num_allocated
-                self._num_allocated += 1
-                fresh -= 1
-            else:
-                slot = free_list.pop()
-            slots.append(slot)
-            insert(key, BlockStatus(slot, -1), ctx)
-            stores[key] = generation
-        self._num_pending += len(to_store)
-        self._counters["stores_prepared"] += len(to_store)
-        return PrepareStoreOutput(to_store, CPULoadStoreSpec(slots, generation), evicted_keys)
+        count = len(to_store)
+        first_fresh = self._num_allocated
+        fresh = min(self.num_blocks - first_fresh, count)
+        allocated = [BlockStatus(slot, -1) for slot in range(first_fresh, first_fresh + fresh)]
+        self._num_allocated += fresh
+        if count > fresh:  # reuse freed slots (and their status objects), last freed first
+            reused = free_list[fresh - count :]
+            del free_list[fresh - count :]
+            reused.reverse()
+            for status in reused:
+                status.ref_cnt = -1
+            allocated += reused
+        slots = [status.block_id for status in allocated]
+        self._policy.insert_many(to_store, allocated, ctx)
+        record.stores.update(to_store)
+        self._num_pending += count
+        self._counters["stores_prepared"] += count
+        return PrepareStoreOutput(to_store, CPULoadStoreSpec(slots, self._generation), evicted_keys)
 
     def complete_store(
         self, keys: Sequence[OffloadKey], ctx: ReqContext, success: bool = True
     ) -> None:
         record = self._record(ctx)
         stores = record.stores
-        get = self._policy.get
-        for key in keys:
-            if key not in stores:
-                status = get(key)
-                if status is None or status.ref_cnt < 0:
-                    raise ValueError(
-                        f"complete_store: key {key.hex()} has no store in flight for request "
-                        f"'{ctx.req_id}'"
-                    )
-        generation = self._generation
-        completed: list[OffloadKey] = []
+        get = self._get
+        in_flight = len(stores)
+        if success and stores.issuperset(keys):
+            stores.difference_update(keys)
+            if in_flight - len(stores) != len(keys):  # a key repeated in the call
+                stores.update(keys)
+        if success and in_flight - len(stores) == len(keys):
+            # The usual case: this request's writes, all in flight in this generation, so all
+            # pending by construction (only the manager changes ref_cnt).
+            completed = list(reversed(keys))  # tail first, so the head ends most recent
+            for status in map(get, completed):
+                status.ref_cnt = 0  # type: ignore[union-attr]
+            self._policy.mark_evictable_many(completed)
+            self._num_pending -= len(completed)
+            self._num_evictable += len(completed)
+            self._counters["stores_completed"] += len(completed)
+            if completed and self._enable_events:
+                self._events.append(OffloadingEvent(tuple(keys)))
+            return
+        if not stores.issuperset(keys):
+            for key in keys:
+                if key not in stores and key not in record.stale_stores:
+                    status = get(key)
+                    if status is None or status.ref_cnt < 0:
+                        raise ValueError(
+                            f"complete_store: key {key.hex()} has no store in flight for "
+                            f"request '{ctx.req_id}'"
+                        )
         policy = self._policy
+        done: list[OffloadKey] = []
         for key in reversed(keys):  # tail first, so the head ends most recent
-            store_generation = stores.pop(key, None)
-            if store_generation is None:
-                self._counters["duplicate_completions"] += 1
+            if key not in stores:
+                if key in record.stale_stores:
+                    record.stale_stores.discard(key)
+                    self._counters["stale_completions"] += 1
+                else:
+                    self._counters["duplicate_completions"] += 1
                 continue
-            if store_generation != generation:
-                self._counters["stale_completions"] += 1
-                continue
+            stores.discard(key)
             status = get(key)
             if status is None or status.ref_cnt != -1:  # cannot happen unless state was corrupted
                 raise RuntimeError(f"complete_store: key {key.hex()} is not being written")
-            self._num_pending -= 1
             if success:
                 status.ref_cnt = 0
-                self._num_evictable += 1
-                policy.mark_evictable(key)
-                completed.append(key)
             else:
                 policy.remove(key)
-                self._free.append(status.block_id)
-                completed.append(key)
+                self._free.append(status)
+            done.append(key)
+        self._num_pending -= len(done)
         if success:
-            self._counters["stores_completed"] += len(completed)
-            if completed and self._enable_events:
-                completed.reverse()
-                self._events.append(OffloadingEvent(tuple(completed)))
+            policy.mark_evictable_many(done)
+            self._num_evictable += len(done)
+            self._counters["stores_completed"] += len(done)
+            if done and self._enable_events:
+                done.reverse()
+                self._events.append(OffloadingEvent(tuple(done)))
         else:
-            self._counters["stores_failed"] += len(completed)
+            self._counters["stores_failed"] += len(done)
 
     def on_new_request(self, ctx: ReqContext) -> RequestOffloadingContext:
         self._record(ctx)
@@ -565,6 +628,7 @@ class CPUOffloadingManager(OffloadingManager):
 
     def reset_cache(self) -> None:
         self._policy.clear()
+        self._get = self._status_getter()
         self._generation += 1
         self._num_allocated = 0
         self._free.clear()

@@ -19,12 +19,15 @@ becomes evictable again enters its list's order at the MRU end.
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
-from collections.abc import Collection, Iterable, Iterator, Mapping
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
+from itertools import islice
 
 from kvoffload.context import ReqContext
 from kvoffload.keys import OffloadKey
 from kvoffload.policies.base import BlockStatus, CachePolicy, Victims
+from kvoffload.policies.lru import protected_disjoint
 
 
 def _next_unprotected(
@@ -43,8 +46,8 @@ class ARCCachePolicy(CachePolicy):
 
     def __init__(self, cache_capacity: int) -> None:
         super().__init__(cache_capacity)
-        self._t1: dict[OffloadKey, BlockStatus] = {}
-        self._t2: dict[OffloadKey, BlockStatus] = {}
+        self._blocks: dict[OffloadKey, BlockStatus] = {}  # T1 and T2
+        self._t2: set[OffloadKey] = set()  # T1 = stored keys not in T2
         self._t1_order: OrderedDict[OffloadKey, None] = OrderedDict()  # evictable, LRU first
         self._t2_order: OrderedDict[OffloadKey, None] = OrderedDict()
         self._b1: OrderedDict[OffloadKey, None] = OrderedDict()  # ghosts, LRU first
@@ -57,123 +60,221 @@ class ARCCachePolicy(CachePolicy):
         return self._p
 
     def get(self, key: OffloadKey) -> BlockStatus | None:
-        status = self._t1.get(key)
-        return status if status is not None else self._t2.get(key)
+        return self._blocks.get(key)
+
+    @property
+    def block_table(self) -> Mapping[OffloadKey, BlockStatus]:
+        return self._blocks
 
     def insert(
         self, key: OffloadKey, block: BlockStatus, req_context: ReqContext | None = None
     ) -> None:
-        if key in self._b1:
-            del self._b1[key]
-            self._t2[key] = block
-            order = self._t2_order
-        elif key in self._b2:
-            del self._b2[key]
-            self._t2[key] = block
-            order = self._t2_order
-        else:
-            self._t1[key] = block
-            order = self._t1_order
-        if block.ref_cnt == 0:
-            order[key] = None
+        self._insert_one(key, block)
         self._trim_ghosts()
 
+    def insert_many(
+        self,
+        keys: Sequence[OffloadKey],
+        blocks: Sequence[BlockStatus],
+        req_context: ReqContext | None = None,
+    ) -> None:
+        if type(self).insert is not ARCCachePolicy.insert:  # a subclass hooks insert: honour it
+            super().insert_many(keys, blocks, req_context)
+            return
+        b1, b2 = self._b1, self._b2
+        if b1 or b2:
+            stored, t2 = self._blocks, self._t2
+            t1_order, t2_order = self._t1_order, self._t2_order
+            for key, block in zip(keys, blocks, strict=True):
+                stored[key] = block
+                if key in b1:
+                    del b1[key]
+                elif key in b2:
+                    del b2[key]
+                else:
+                    if block.ref_cnt == 0:
+                        t1_order[key] = None
+                    continue
+                t2.add(key)  # a ghost hit comes back into T2
+                if block.ref_cnt == 0:
+                    t2_order[key] = None
+        else:  # no ghosts (a warming cache): every key is new and goes to T1
+            self._blocks.update(zip(keys, blocks, strict=True))
+            ready = [key for key, block in zip(keys, blocks, strict=True) if block.ref_cnt == 0]
+            self._t1_order.update(dict.fromkeys(ready))
+        self._trim_ghosts()
+
+    def _insert_one(self, key: OffloadKey, block: BlockStatus) -> None:
+        self._blocks[key] = block
+        if key in self._b1:
+            del self._b1[key]
+        elif key in self._b2:
+            del self._b2[key]
+        else:
+            if block.ref_cnt == 0:
+                self._t1_order[key] = None
+            return
+        self._t2.add(key)  # a ghost hit comes back into T2
+        if block.ref_cnt == 0:
+            self._t2_order[key] = None
+
     def remove(self, key: OffloadKey) -> None:
-        if self._t1.pop(key, None) is not None:
-            self._t1_order.pop(key, None)
-        elif self._t2.pop(key, None) is not None:
+        if self._blocks.pop(key, None) is None:
+            return
+        if key in self._t2:
+            self._t2.discard(key)
             self._t2_order.pop(key, None)
+        else:
+            self._t1_order.pop(key, None)
 
     def touch(self, keys: Iterable[OffloadKey], req_context: ReqContext | None = None) -> None:
-        t1, t2 = self._t1, self._t2
+        blocks, t2 = self._blocks, self._t2
+        t1_order, t2_order = self._t1_order, self._t2_order
         for key in reversed(keys if isinstance(keys, (list, tuple)) else list(keys)):
-            status = t1.get(key)
+            status = blocks.get(key)
             if status is not None:
-                if status.ref_cnt >= 0:  # ready: a second access promotes to T2
-                    del t1[key]
-                    t2[key] = status
-                    if self._t1_order.pop(key, 0) is None:
-                        self._t2_order[key] = None
+                if key in t2:
+                    if key in t2_order:
+                        t2_order.move_to_end(key)
+                elif status.ref_cnt >= 0:  # ready in T1: a second access promotes to T2
+                    t2.add(key)
+                    if t1_order.pop(key, 0) is None:
+                        t2_order[key] = None
                 continue
-            if key in t2:
-                if key in self._t2_order:
-                    self._t2_order.move_to_end(key)
-                continue
-            b1, b2 = len(self._b1), len(self._b2)
             if key in self._b1:
+                b1, b2 = len(self._b1), len(self._b2)
                 self._p = min(float(self.cache_capacity), self._p + max(b2 / b1, 1.0))
             elif key in self._b2:
+                b1, b2 = len(self._b1), len(self._b2)
                 self._p = max(0.0, self._p - max(b1 / b2, 1.0))
 
     def evict(self, n: int, protected: Collection[OffloadKey]) -> Victims | None:
         if n <= 0:
             return []
-        if n > len(self._t1_order) + len(self._t2_order):
+        t1_order, t2_order = self._t1_order, self._t2_order
+        if n > len(t1_order) + len(t2_order):
             return None
-        missed_in_b2 = any(key in self._b2 for key in protected)
+        missed_in_b2 = not self._b2.keys().isdisjoint(protected) if self._b2 else False
+        chosen = self._plan_without_protection(n, missed_in_b2)
+        if chosen is not None and protected_disjoint(protected, chosen[0] + chosen[1]):
+            from_t1, from_t2 = chosen
+        else:
+            plan = self._plan(n, protected, missed_in_b2)
+            if plan is None:
+                return None
+            from_t1, from_t2 = plan
+        pop = self._blocks.pop
+        victims: Victims = []
+        if from_t1:
+            for key in from_t1:
+                del t1_order[key]
+            victims.extend([(key, pop(key)) for key in from_t1])
+            self._b1.update(dict.fromkeys(from_t1))
+        if from_t2:
+            for key in from_t2:
+                del t2_order[key]
+            self._t2.difference_update(from_t2)
+            victims.extend([(key, pop(key)) for key in from_t2])
+            self._b2.update(dict.fromkeys(from_t2))
+        self._trim_ghosts()
+        return victims
+
+    def _plan_without_protection(
+        self, n: int, missed_in_b2: bool
+    ) -> tuple[list[OffloadKey], list[OffloadKey]] | None:
+        """REPLACE's n choices when nothing stands in the way (None if a list runs dry).
+
+        REPLACE takes T1's LRU while |T1| > p (or |T1| = p when the missed key is in B2), and
+        |T1| only shrinks as it does, so the number taken from T1 has a closed form.
+        """
+        t1_size = len(self._blocks) - len(self._t2)
+        p = self._p
+        floor_p = math.floor(p)
+        take_t1 = max(0, t1_size - floor_p)
+        if missed_in_b2 and p == floor_p and 1 <= p <= t1_size:
+            take_t1 += 1
+        take_t1 = min(n, take_t1)
+        if take_t1 > len(self._t1_order) or n - take_t1 > len(self._t2_order):
+            return None
+        return list(islice(self._t1_order, take_t1)), list(islice(self._t2_order, n - take_t1))
+
+    def _plan(
+        self, n: int, protected: Collection[OffloadKey], missed_in_b2: bool
+    ) -> tuple[list[OffloadKey], list[OffloadKey]] | None:
+        """REPLACE's n choices, stepping over protected keys and empty lists (no mutation)."""
         t1_iter = iter(self._t1_order)
         t2_iter = iter(self._t2_order)
-        t1_size = len(self._t1)
+        t1_size = len(self._blocks) - len(self._t2)
         p = self._p
         from_t1: list[OffloadKey] = []
         from_t2: list[OffloadKey] = []
         for _ in range(n):
-            prefer_t1 = t1_size >= 1 and (t1_size > p or (missed_in_b2 and t1_size == p))
-            key = _next_unprotected(t1_iter, protected) if prefer_t1 else None
-            if key is not None:
-                from_t1.append(key)
-                t1_size -= 1
-                continue
-            key = _next_unprotected(t2_iter, protected)
-            if key is not None:
-                from_t2.append(key)
-                continue
-            if not prefer_t1:
+            if t1_size >= 1 and (t1_size > p or (missed_in_b2 and t1_size == p)):
                 key = _next_unprotected(t1_iter, protected)
                 if key is not None:
                     from_t1.append(key)
                     t1_size -= 1
                     continue
-            return None
-        victims: Victims = []
-        for key in from_t1:
-            del self._t1_order[key]
-            victims.append((key, self._t1.pop(key)))
-            self._b1[key] = None
-        for key in from_t2:
-            del self._t2_order[key]
-            victims.append((key, self._t2.pop(key)))
-            self._b2[key] = None
-        self._trim_ghosts()
-        return victims
+                key = _next_unprotected(t2_iter, protected)
+                if key is None:
+                    return None
+                from_t2.append(key)
+                continue
+            key = _next_unprotected(t2_iter, protected)
+            if key is not None:
+                from_t2.append(key)
+                continue
+            key = _next_unprotected(t1_iter, protected)
+            if key is None:
+                return None
+            from_t1.append(key)
+            t1_size -= 1
+        return from_t1, from_t2
 
     def _trim_ghosts(self) -> None:
+        """Keep |T1| + |B1| <= c and |T1| + |T2| + |B1| + |B2| <= 2c (FAST'03 case IV)."""
         capacity = self.cache_capacity
         b1, b2 = self._b1, self._b2
-        excess = len(self._t1) + len(b1) - capacity
-        while excess > 0 and b1:
-            b1.popitem(last=False)
-            excess -= 1
-        excess = len(self._t1) + len(self._t2) + len(b1) + len(b2) - 2 * capacity
-        while excess > 0 and b2:
-            b2.popitem(last=False)
-            excess -= 1
-        while excess > 0 and b1:  # only reachable when T2 alone outgrew 2c - |T1| (pins)
-            b1.popitem(last=False)
-            excess -= 1
+        pop1, pop2 = b1.popitem, b2.popitem
+        excess = len(self._blocks) - len(self._t2) + len(b1) - capacity
+        for _ in range(min(excess, len(b1))):
+            pop1(False)
+        excess = len(self._blocks) + len(b1) + len(b2) - 2 * capacity
+        dropped = min(excess, len(b2))
+        for _ in range(dropped):
+            pop2(False)
+        for _ in range(min(excess - dropped, len(b1))):  # only when pins let T2 outgrow 2c - |T1|
+            pop1(False)
 
     def clear(self) -> None:
-        for container in (self._t1, self._t2, self._t1_order, self._t2_order, self._b1, self._b2):
+        for container in (
+            self._blocks,
+            self._t2,
+            self._t1_order,
+            self._t2_order,
+            self._b1,
+            self._b2,
+        ):
             container.clear()
         self._p = 0.0
 
     def mark_evictable(self, key: OffloadKey) -> None:
-        if key in self._t1:
-            self._t1_order[key] = None
-            self._t1_order.move_to_end(key)
-        elif key in self._t2:
-            self._t2_order[key] = None
-            self._t2_order.move_to_end(key)
+        if key in self._blocks:
+            order = self._t2_order if key in self._t2 else self._t1_order
+            order[key] = None
+            order.move_to_end(key)
+
+    def mark_evictable_many(self, keys: Sequence[OffloadKey]) -> None:
+        if type(self).mark_evictable is not ARCCachePolicy.mark_evictable:  # a subclass hook
+            super().mark_evictable_many(keys)
+            return
+        blocks, t2 = self._blocks, self._t2
+        t1_order, t2_order = self._t1_order, self._t2_order
+        for key in keys:
+            if key in blocks:
+                order = t2_order if key in t2 else t1_order
+                order[key] = None
+                order.move_to_end(key)
 
     def mark_non_evictable(self, key: OffloadKey) -> None:
         if self._t1_order.pop(key, 0) != 0:
@@ -183,7 +284,7 @@ class ARCCachePolicy(CachePolicy):
     def stats(self) -> Mapping[str, float]:
         return {
             "target_t1_size": self._p,
-            "t1_size": len(self._t1),
+            "t1_size": len(self._blocks) - len(self._t2),
             "t2_size": len(self._t2),
             "b1_size": len(self._b1),
             "b2_size": len(self._b2),

@@ -16,6 +16,10 @@ the same way, and libCacheSim equivalence is defined under it):
   policy can see the missed keys), then ``insert(k, BlockStatus(slot), ctx)`` with
   ``ref_cnt == -1`` (being written). Completion sets ``ref_cnt = 0`` and calls
   ``mark_evictable(k)``; a failed write calls ``remove(k)`` instead.
+* The manager may batch these: ``insert_many`` / ``mark_evictable_many`` must behave like the
+  same single calls in order (the defaults do exactly that; overrides only go faster).
+* A victim's status object (and a removed block's) belongs to the manager again: it may be
+  reused for the next block stored in that slot, so a policy must not keep references to it.
 * Within one call the manager walks keys so that the request's head ends up most recent
   (``touch`` walks ``keys`` tail to head; completions mark tail to head): tails go first.
 """
@@ -23,7 +27,7 @@ the same way, and libCacheSim equivalence is defined under it):
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import ClassVar
 
 from kvoffload.context import ReqContext
@@ -64,6 +68,11 @@ class CachePolicy(ABC):
 
     #: Short registry name, set on built-ins (informational; the registry is authoritative).
     name: ClassVar[str] = ""
+
+    #: Whether ``touch`` on keys that are not stored means anything to this policy (ghost
+    #: learning). A policy that ignores them sets it to ``False``, and a manager may then skip
+    #: touching a store's keys when none of them is stored.
+    touches_misses: ClassVar[bool] = True
 
     def __init__(self, cache_capacity: int) -> None:
         if isinstance(cache_capacity, bool) or not isinstance(cache_capacity, int):
@@ -115,6 +124,21 @@ class CachePolicy(ABC):
     def clear(self) -> None:
         """Drop every block regardless of pins, and all history: as good as new."""
 
+    def insert_many(
+        self,
+        keys: Sequence[OffloadKey],
+        blocks: Sequence[BlockStatus],
+        req_context: ReqContext | None = None,
+    ) -> None:
+        """``insert`` each key with its block, in order (override to batch the work)."""
+        for key, block in zip(keys, blocks, strict=True):
+            self.insert(key, block, req_context)
+
+    def mark_evictable_many(self, keys: Sequence[OffloadKey]) -> None:
+        """``mark_evictable`` each key, in order (override to batch the work)."""
+        for key in keys:
+            self.mark_evictable(key)
+
     def mark_evictable(self, key: OffloadKey) -> None:  # noqa: B027 - optional hook
         """Hook: ``key``'s ``ref_cnt`` just became 0 (store completed, last load done)."""
 
@@ -123,6 +147,15 @@ class CachePolicy(ABC):
 
     def on_request_finished(self, req_context: ReqContext) -> None:  # noqa: B027 - optional hook
         """Hook: the request will make no more store or load calls (completions may follow)."""
+
+    @property
+    def block_table(self) -> Mapping[OffloadKey, BlockStatus] | None:
+        """Read-only view of every stored block, if the policy keeps one dict of them.
+
+        Optional: when it is not ``None`` the manager reads statuses from it directly
+        (a C-level lookup) instead of calling :meth:`get`. It must always agree with ``get``.
+        """
+        return None
 
     def stats(self) -> Mapping[str, float]:
         """Policy-specific gauges (e.g. ARC's target and ghost sizes); empty by default."""

@@ -9,17 +9,26 @@ recent: finishing a load is a use.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from itertools import islice
 
 from kvoffload.context import ReqContext
 from kvoffload.keys import OffloadKey
 from kvoffload.policies.base import BlockStatus, CachePolicy, Victims
 
 
+def protected_disjoint(protected: Collection[OffloadKey], keys: list[OffloadKey]) -> bool:
+    """True when none of ``keys`` is protected (a set operation when ``protected`` is a set)."""
+    if isinstance(protected, (set, frozenset)):
+        return protected.isdisjoint(keys)
+    return not any(key in protected for key in keys)
+
+
 class LRUCachePolicy(CachePolicy):
     """Least recently used: evicts the ready block whose last use is oldest."""
 
     name = "lru"
+    touches_misses = False
 
     def __init__(self, cache_capacity: int) -> None:
         super().__init__(cache_capacity)
@@ -30,12 +39,45 @@ class LRUCachePolicy(CachePolicy):
     def get(self, key: OffloadKey) -> BlockStatus | None:
         return self._blocks.get(key)
 
+    @property
+    def block_table(self) -> Mapping[OffloadKey, BlockStatus]:
+        return self._blocks
+
     def insert(
         self, key: OffloadKey, block: BlockStatus, req_context: ReqContext | None = None
     ) -> None:
         self._blocks[key] = block
         if block.ref_cnt == 0:
             self._evictable[key] = None
+
+    def insert_many(
+        self,
+        keys: Sequence[OffloadKey],
+        blocks: Sequence[BlockStatus],
+        req_context: ReqContext | None = None,
+    ) -> None:
+        if type(self).insert is not LRUCachePolicy.insert:  # a subclass hooks insert: honour it
+            super().insert_many(keys, blocks, req_context)
+            return
+        pairs = dict(zip(keys, blocks, strict=True))
+        self._blocks.update(pairs)
+        ready = [key for key, block in pairs.items() if block.ref_cnt == 0]
+        if ready:
+            self.mark_evictable_many(ready)
+
+    def mark_evictable_many(self, keys: Sequence[OffloadKey]) -> None:
+        if type(self).mark_evictable is not LRUCachePolicy.mark_evictable:  # a subclass hook
+            super().mark_evictable_many(keys)
+            return
+        evictable = self._evictable
+        blocks = self._blocks
+        if evictable.keys().isdisjoint(keys) and all(map(blocks.__contains__, keys)):
+            evictable.update(dict.fromkeys(keys))  # the usual case, in one C-level call
+            return
+        for key in keys:
+            if key in blocks:
+                evictable[key] = None
+                evictable.move_to_end(key)
 
     def remove(self, key: OffloadKey) -> None:
         if self._blocks.pop(key, None) is not None:
@@ -51,24 +93,26 @@ class LRUCachePolicy(CachePolicy):
     def evict(self, n: int, protected: Collection[OffloadKey]) -> Victims | None:
         if n <= 0:
             return []
-        if n > len(self._evictable):
-            return None
-        chosen: list[OffloadKey] = []
-        for key in self._evictable:
-            if key in protected:
-                continue
-            chosen.append(key)
-            if len(chosen) == n:
-                break
-        else:
-            return None
-        blocks = self._blocks
         evictable = self._evictable
-        victims: Victims = []
-        for key in chosen:
-            del evictable[key]
-            victims.append((key, blocks.pop(key)))
-        return victims
+        if n > len(evictable):
+            return None
+        chosen = list(islice(evictable, n))  # the n least recent: the usual answer
+        if not protected or protected_disjoint(protected, chosen):
+            for _ in range(n):
+                evictable.popitem(last=False)
+        else:
+            chosen = []
+            for key in evictable:
+                if key not in protected:
+                    chosen.append(key)
+                    if len(chosen) == n:
+                        break
+            else:
+                return None
+            for key in chosen:
+                del evictable[key]
+        pop = self._blocks.pop
+        return [(key, pop(key)) for key in chosen]
 
     def clear(self) -> None:
         self._blocks.clear()

@@ -282,6 +282,15 @@ class _Driver:
             for key in stored:
                 if inst.policy.get(key) is not inst.status[key]:
                     raise self.fail("get returns the stored status", f"get({key!r}) is wrong")
+            table = inst.policy.block_table
+            if table is not None and (
+                len(table) != len(inst.status)
+                or any(table.get(key) is not inst.status[key] for key in stored)
+            ):
+                raise self.fail(
+                    "block_table agrees with get",
+                    f"it holds {len(table)} blocks, {len(inst.status)} are stored",
+                )
             for key in gone:
                 if key not in model and inst.policy.get(key) is not None:
                     raise self.fail("evicted blocks are gone", f"get({key!r}) is not None")

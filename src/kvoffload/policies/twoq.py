@@ -1,0 +1,179 @@
+"""2Q (Johnson & Shasha, VLDB'94), the full version: A1in FIFO, A1out ghosts, Am LRU.
+
+A block seen for the first time enters A1in, a FIFO: a burst of correlated re-uses right after
+the first one does not make a block "hot". When A1in holds more than its share it gives up its
+oldest block, whose key is remembered in the ghost FIFO A1out. A miss on a key still in A1out
+shows a real re-use at a longer distance: the block is stored straight into Am, an LRU. Hits in
+A1in change nothing; hits in Am refresh recency.
+
+Eviction (the paper's ``reclaimfor``, as libCacheSim 0.3.5 ``TwoQ`` does it): take Am's LRU
+block when Am is not empty and A1in is within its share ``int(capacity * a_in_ratio)``,
+otherwise take A1in's oldest block (and remember it in A1out, bounded by
+``int(capacity * a_out_ratio)`` keys). Driven one block at a time without pins this makes
+exactly libCacheSim's decisions for every capacity >= 4.
+
+Documented difference: libCacheSim refuses to store anything when ``int(capacity * 0.25)`` is
+0 (capacity < 4 with the default ratio: its A1in cannot hold one object), so every access
+misses. Here such a cache still works (A1in simply gives up its block on every eviction).
+
+Protocol notes: a ghost hit is recognised in ``touch`` (the key leaves A1out before the
+eviction that makes room for it, as in the paper and in libCacheSim) and the key is stored
+into Am by the ``insert`` that follows. Pinned and pending blocks are not in the eviction
+orders; they still count toward A1in's share. A block that becomes evictable again (store
+or load completed) re-enters its queue at the young end.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Collection, Iterable, Iterator, Mapping
+
+from kvoffload.context import ReqContext
+from kvoffload.keys import OffloadKey
+from kvoffload.policies.base import BlockStatus, CachePolicy, Victims
+
+
+def _check_ratio(name: str, value: float, upper: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__}")
+    if not 0.0 <= value <= upper:
+        raise ValueError(f"{name} must be in [0, {upper}], got {value}")
+    return float(value)
+
+
+def _next_unprotected(
+    it: Iterator[OffloadKey], protected: Collection[OffloadKey]
+) -> OffloadKey | None:
+    for key in it:
+        if key not in protected:
+            return key
+    return None
+
+
+class TwoQCachePolicy(CachePolicy):
+    """2Q (VLDB'94): FIFO for first uses, a ghost FIFO of its evictees, LRU for re-used blocks."""
+
+    name = "2q"
+
+    def __init__(
+        self, cache_capacity: int, *, a_in_ratio: float = 0.25, a_out_ratio: float = 0.5
+    ) -> None:
+        super().__init__(cache_capacity)
+        self.a_in_ratio = _check_ratio("a_in_ratio", a_in_ratio, 1.0)
+        self.a_out_ratio = _check_ratio("a_out_ratio", a_out_ratio, 16.0)
+        self._in_limit = int(cache_capacity * self.a_in_ratio)
+        self._out_limit = int(cache_capacity * self.a_out_ratio)
+        self._blocks: dict[OffloadKey, BlockStatus] = {}
+        self._in_members: set[OffloadKey] = set()  # every resident A1in block, pinned or not
+        self._in_order: OrderedDict[OffloadKey, None] = OrderedDict()  # evictable, oldest first
+        self._am_order: OrderedDict[OffloadKey, None] = OrderedDict()  # evictable, LRU first
+        self._out: OrderedDict[OffloadKey, None] = OrderedDict()  # ghosts, oldest first
+        # Keys whose ghost was hit by ``touch`` and that go to Am when inserted.
+        self._reused: OrderedDict[OffloadKey, None] = OrderedDict()
+
+    def get(self, key: OffloadKey) -> BlockStatus | None:
+        return self._blocks.get(key)
+
+    def insert(
+        self, key: OffloadKey, block: BlockStatus, req_context: ReqContext | None = None
+    ) -> None:
+        reused = self._reused.pop(key, 0) is None
+        if self._out.pop(key, 0) is None:  # inserted without a touch: still a ghost hit
+            reused = True
+        self._blocks[key] = block
+        if reused:
+            order = self._am_order
+        else:
+            self._in_members.add(key)
+            order = self._in_order
+        if block.ref_cnt == 0:
+            order[key] = None
+
+    def remove(self, key: OffloadKey) -> None:
+        if self._blocks.pop(key, None) is not None:
+            self._in_members.discard(key)
+            self._in_order.pop(key, None)
+            self._am_order.pop(key, None)
+
+    def touch(self, keys: Iterable[OffloadKey], req_context: ReqContext | None = None) -> None:
+        blocks, am_order, out = self._blocks, self._am_order, self._out
+        for key in reversed(keys if isinstance(keys, (list, tuple)) else list(keys)):
+            if key in blocks:
+                if key in am_order:
+                    am_order.move_to_end(key)
+            elif key in out:
+                del out[key]
+                self._reused[key] = None
+                if len(self._reused) > max(1, self.cache_capacity):
+                    self._reused.popitem(last=False)
+
+    def evict(self, n: int, protected: Collection[OffloadKey]) -> Victims | None:
+        if n <= 0:
+            return []
+        if n > len(self._in_order) + len(self._am_order):
+            return None
+        in_iter, am_iter = iter(self._in_order), iter(self._am_order)
+        in_size = len(self._in_members)
+        am_size = len(self._blocks) - in_size
+        from_in: list[OffloadKey] = []
+        from_am: list[OffloadKey] = []
+        for _ in range(n):
+            if am_size > 0 and in_size <= self._in_limit:
+                key = _next_unprotected(am_iter, protected)
+                if key is not None:
+                    from_am.append(key)
+                    am_size -= 1
+                    continue
+            key = _next_unprotected(in_iter, protected)
+            if key is not None:
+                from_in.append(key)
+                in_size -= 1
+                continue
+            key = _next_unprotected(am_iter, protected)
+            if key is None:
+                return None
+            from_am.append(key)
+            am_size -= 1
+        victims: Victims = []
+        for key in from_am:
+            del self._am_order[key]
+            victims.append((key, self._blocks.pop(key)))
+        for key in from_in:
+            del self._in_order[key]
+            self._in_members.discard(key)
+            victims.append((key, self._blocks.pop(key)))
+            self._remember(key)
+        return victims
+
+    def _remember(self, key: OffloadKey) -> None:
+        if self._out_limit <= 0:
+            return
+        self._out[key] = None
+        while len(self._out) > self._out_limit:
+            self._out.popitem(last=False)
+
+    def clear(self) -> None:
+        for container in (
+            self._blocks, self._in_members, self._in_order, self._am_order, self._out,
+            self._reused,
+        ):
+            container.clear()
+
+    def mark_evictable(self, key: OffloadKey) -> None:
+        if key not in self._blocks:
+            return
+        order = self._in_order if key in self._in_members else self._am_order
+        order[key] = None
+        order.move_to_end(key)
+
+    def mark_non_evictable(self, key: OffloadKey) -> None:
+        self._in_order.pop(key, None)
+        self._am_order.pop(key, None)
+
+    def stats(self) -> Mapping[str, float]:
+        return {
+            "a1in_size": len(self._in_members),
+            "am_size": len(self._blocks) - len(self._in_members),
+            "a1out_size": len(self._out),
+            "evictable": len(self._in_order) + len(self._am_order),
+        }

@@ -1,0 +1,105 @@
+"""Capacities as people say them: ``9139`` blocks, ``5%`` of unique blocks, ``4Mtok``, ``8GiB``.
+
+Every form resolves to a whole number of blocks (rounded down: a block that does not fit is
+not there). ``%`` is of the trace's unique blocks, ``int(unique * percent / 100)``, the
+convention of the reference measurements. Tokens (suffix ``tok``) use decimal multipliers
+(``4Mtok`` = 4,000,000 tokens); bytes take ``B``/``KB``/``MB``/``GB``/``TB`` (decimal) or
+``KiB``/``MiB``/``GiB``/``TiB`` (binary) and need the KV bytes per token.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+_DECIMAL = {"": 1, "k": 10**3, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
+_BYTE_UNITS = {
+    "B": 1,
+    "KB": 10**3,
+    "MB": 10**6,
+    "GB": 10**9,
+    "TB": 10**12,
+    "KIB": 2**10,
+    "MIB": 2**20,
+    "GIB": 2**30,
+    "TIB": 2**40,
+}
+_NUMBER = r"(?P<num>\d+(?:\.\d*)?|\.\d+)"
+_PERCENT_RE = re.compile(rf"^{_NUMBER}\s*%$")
+_TOKENS_RE = re.compile(rf"^{_NUMBER}\s*(?P<mult>[kKMGT]?)\s*(?:tok|tokens)$")
+_BYTES_RE = re.compile(rf"^{_NUMBER}\s*(?P<unit>[kKMGT]?i?B)$", re.IGNORECASE)
+_BLOCKS_RE = re.compile(rf"^{_NUMBER}\s*(?P<mult>[kKMGT]?)\s*(?:blk|blocks)?$")
+
+CAPACITY_HELP = (
+    "blocks (9139, 10k), percent of the trace's unique blocks (5%%), tokens (4Mtok) or "
+    "bytes (8GiB, needs --bytes-per-token); comma-separate several"
+)
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """A parsed capacity: what the user wrote and the blocks it means on a given trace."""
+
+    label: str
+    blocks: int
+
+
+def parse_capacity(
+    text: str,
+    unique_blocks: int,
+    block_tokens: int,
+    bytes_per_token: float | None = None,
+) -> Capacity:
+    """Resolve one capacity string to blocks for a trace (see the module docstring)."""
+    spec = text.strip()
+    if not spec:
+        raise ValueError("empty capacity; " + CAPACITY_HELP.replace("%%", "%"))
+    if match := _PERCENT_RE.match(spec):
+        percent = float(match["num"])
+        if percent > 100:
+            raise ValueError(f"capacity '{text}': a percentage of unique blocks must be <= 100%")
+        # Round the product, not the fraction: int(43924 * 0.05) is 2196 but 5 / 100 * 43924
+        # lands a hair below it in floating point.
+        return Capacity(spec, int(round(unique_blocks * percent, 6) / 100))
+    if match := _TOKENS_RE.match(spec):
+        tokens = float(match["num"]) * _DECIMAL[match["mult"]]
+        return Capacity(spec, int(tokens // block_tokens))
+    if match := _BYTES_RE.match(spec):
+        unit = match["unit"].upper()
+        if unit not in _BYTE_UNITS:
+            raise ValueError(f"capacity '{text}': unknown byte unit '{match['unit']}'")
+        if bytes_per_token is None or bytes_per_token <= 0:
+            raise ValueError(
+                f"capacity '{text}' is in bytes: also give --bytes-per-token (the KV size of "
+                "one token: 2 * layers * kv_heads * head_dim * dtype bytes)"
+            )
+        total = float(match["num"]) * _BYTE_UNITS[unit]
+        return Capacity(spec, int(total // (bytes_per_token * block_tokens)))
+    if match := _BLOCKS_RE.match(spec):
+        blocks = float(match["num"]) * _DECIMAL[match["mult"]]
+        if not blocks.is_integer():
+            raise ValueError(f"capacity '{text}' is not a whole number of blocks")
+        return Capacity(spec, int(blocks))
+    raise ValueError(f"cannot read capacity '{text}': use " + CAPACITY_HELP.replace("%%", "%"))
+
+
+def parse_capacities(
+    texts: list[str] | str,
+    unique_blocks: int,
+    block_tokens: int,
+    bytes_per_token: float | None = None,
+) -> list[Capacity]:
+    """Parse comma-separated and/or repeated capacities, keeping their order, dropping repeats."""
+    items = [texts] if isinstance(texts, str) else list(texts)
+    out: list[Capacity] = []
+    seen: set[int] = set()
+    for item in items:
+        for part in item.split(","):
+            capacity = parse_capacity(part, unique_blocks, block_tokens, bytes_per_token)
+            if capacity.blocks not in seen:
+                seen.add(capacity.blocks)
+                out.append(capacity)
+    return out
+
+
+__all__ = ["CAPACITY_HELP", "Capacity", "parse_capacities", "parse_capacity"]

@@ -1,0 +1,152 @@
+"""Policies x capacities replays (and the bounds beside them) in parallel worker processes.
+
+Each worker receives the trace once (at start-up) and then runs whole replays, so the only
+per-task traffic is a small spec out and a result back. Results come back in a fixed order
+(capacity-major, policies in the order given) whatever order the workers finish in.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import sys
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ProcessPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvoffload.sim.bounds import Bounds, TraceBounds
+from kvoffload.sim.capacity import Capacity
+from kvoffload.sim.records import Trace
+from kvoffload.sim.replay import PolicySpec, ReplayOptions, ReplayResult, replay
+
+_WORKER_TRACE: Trace | None = None
+_WORKER_BOUNDS: TraceBounds | None = None
+
+
+def _init_worker(trace: Trace) -> None:
+    global _WORKER_TRACE, _WORKER_BOUNDS
+    _WORKER_TRACE, _WORKER_BOUNDS = trace, None
+
+
+def _worker_replay(policy: PolicySpec, capacity: Capacity, options: ReplayOptions) -> ReplayResult:
+    assert _WORKER_TRACE is not None, "worker started without a trace"
+    return replay(_WORKER_TRACE, capacity.blocks, policy, options, capacity.label)
+
+
+def _worker_bounds(capacity: Capacity) -> Bounds:
+    global _WORKER_BOUNDS
+    assert _WORKER_TRACE is not None, "worker started without a trace"
+    if _WORKER_BOUNDS is None:
+        _WORKER_BOUNDS = TraceBounds(_WORKER_TRACE)
+    return _WORKER_BOUNDS.at(capacity.blocks)
+
+
+@dataclass
+class SweepResult:
+    """Replay results (capacity-major) and the bounds at each capacity (same order)."""
+
+    results: list[ReplayResult]
+    bounds: list[Bounds] = field(default_factory=list)
+
+
+ProgressCallback = Callable[[str], None]
+
+
+def default_workers(tasks: int) -> int:
+    """One worker per CPU this process may use, never more than there are tasks."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cpus = os.cpu_count() or 1
+    return max(1, min(cpus, tasks))
+
+
+def _pool_context() -> multiprocessing.context.BaseContext:
+    # fork shares the parent's memory (no trace pickling, no re-imports); elsewhere fork is
+    # unsafe or unavailable, so use the platform default.
+    if sys.platform.startswith("linux"):
+        return multiprocessing.get_context("fork")
+    return multiprocessing.get_context()
+
+
+def run_sweep(
+    trace: Trace,
+    policies: Sequence[PolicySpec],
+    capacities: Sequence[Capacity],
+    options: ReplayOptions,
+    with_bounds: bool = True,
+    workers: int | None = None,
+    on_task_done: ProgressCallback | None = None,
+    on_started: Callable[[int], None] | None = None,
+) -> SweepResult:
+    """Replay every policy at every capacity (plus the bounds); see the module docstring.
+
+    ``on_started(total_tasks)`` is called once the workers exist (start a progress display
+    there: forking after a display thread starts is unsafe), ``on_task_done(label)`` after
+    each task.
+    """
+    replay_tasks = [(p, c) for c in capacities for p in policies]
+    bound_tasks = list(capacities) if with_bounds else []
+    total = len(replay_tasks) + len(bound_tasks)
+    workers = default_workers(total) if workers is None else max(1, workers)
+    done = on_task_done or (lambda label: None)
+    if workers == 1 or total == 1:
+        return _run_inline(trace, replay_tasks, bound_tasks, options, done, on_started, total)
+    with ProcessPoolExecutor(
+        max_workers=workers,
+        mp_context=_pool_context(),
+        initializer=_init_worker,
+        initargs=(trace,),
+    ) as pool:
+        # Bounds first: they are the longest single tasks.
+        bound_futures = [pool.submit(_worker_bounds, c) for c in bound_tasks]
+        replay_futures = [pool.submit(_worker_replay, p, c, options) for p, c in replay_tasks]
+        if on_started is not None:
+            on_started(total)
+        for bound_future, capacity in zip(bound_futures, bound_tasks, strict=True):
+            bound_future.add_done_callback(_notify(done, f"bounds @ {capacity.label}"))
+        for replay_future, (policy, capacity) in zip(replay_futures, replay_tasks, strict=True):
+            replay_future.add_done_callback(_notify(done, f"{policy.label} @ {capacity.label}"))
+        try:
+            bounds = [f.result() for f in bound_futures]
+            results = [f.result() for f in replay_futures]
+        except BaseException:
+            pool.shutdown(wait=True, cancel_futures=True)  # fail fast: drop queued tasks
+            raise
+    return SweepResult(results, bounds)
+
+
+def _notify(done: ProgressCallback, label: str) -> Callable[[Future[Any]], None]:
+    def callback(future: Future[Any]) -> None:
+        if not future.cancelled() and future.exception() is None:
+            done(label)
+
+    return callback
+
+
+def _run_inline(
+    trace: Trace,
+    replay_tasks: list[tuple[PolicySpec, Capacity]],
+    bound_tasks: list[Capacity],
+    options: ReplayOptions,
+    done: ProgressCallback,
+    on_started: Callable[[int], None] | None,
+    total: int,
+) -> SweepResult:
+    if on_started is not None:
+        on_started(total)
+    bounds: list[Bounds] = []
+    if bound_tasks:
+        trace_bounds = TraceBounds(trace)
+        for capacity in bound_tasks:
+            bounds.append(trace_bounds.at(capacity.blocks))
+            done(f"bounds @ {capacity.label}")
+    results = []
+    for policy, capacity in replay_tasks:
+        results.append(replay(trace, capacity.blocks, policy, options, capacity.label))
+        done(f"{policy.label} @ {capacity.label}")
+    return SweepResult(results, bounds)
+
+
+__all__ = ["SweepResult", "default_workers", "run_sweep"]

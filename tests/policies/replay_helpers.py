@@ -1,0 +1,111 @@
+"""Helpers for the policy tests: libCacheSim replay, random block sequences, protocol steps."""
+
+from __future__ import annotations
+
+import random
+import threading
+from collections.abc import Callable, Iterator
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from kvoffload.keys import OffloadKey
+from kvoffload.policies.base import BlockStatus, CachePolicy
+from kvoffload.testing import int_key
+
+TRACE_FRACTIONS = (0.01, 0.05, 0.10, 0.25)
+
+
+def import_libcachesim() -> ModuleType:
+    """libCacheSim 0.3.5, or skip the calling test when it is not installed."""
+    module: ModuleType = pytest.importorskip("libcachesim")
+    return module
+
+
+def libcachesim_hits(cache: Any, block_ids: list[int]) -> int:
+    """Replay ``block_ids`` through a libCacheSim cache of unit-size objects; count hits."""
+    lcs = import_libcachesim()
+    req = lcs.Request()
+    req.obj_size = 1
+    req.op = lcs.ReqOp.OP_READ
+    hits = 0
+    for i, block_id in enumerate(block_ids):
+        req.obj_id = block_id
+        req.clock_time = i
+        hits += bool(cache.get(req))
+    return hits
+
+
+def libcachesim_hits_in_fresh_thread(make_cache: Callable[[], Any], block_ids: list[int]) -> int:
+    """Same, in a new thread: libCacheSim's RNG is thread-local and seeded at thread start."""
+    result: list[int] = []
+
+    def replay() -> None:
+        result.append(libcachesim_hits(make_cache(), block_ids))
+
+    thread = threading.Thread(target=replay)
+    thread.start()
+    thread.join()
+    return result[0]
+
+
+def random_sequences(
+    seed: int, count: int, capacity_range: tuple[int, int]
+) -> Iterator[tuple[int, list[int]]]:
+    """``(capacity, block ids)`` pairs: uniform, skewed (Pareto) and looping-with-noise patterns.
+
+    Key ranges vary from smaller than the capacity to several times it, so runs cover
+    warm-up, steady state, scans larger than the cache and ghost hits.
+    """
+    rng = random.Random(seed)
+    for _ in range(count):
+        capacity = rng.randint(*capacity_range)
+        universe = rng.randint(1, 5 * capacity + 10)
+        length = rng.randint(1, 600)
+        pattern = rng.randrange(3)
+        if pattern == 0:
+            ids = [rng.randrange(universe) for _ in range(length)]
+        elif pattern == 1:
+            ids = [int(rng.paretovariate(1.1)) % universe for _ in range(length)]
+        else:
+            ids = [
+                i % universe if rng.random() < 0.8 else rng.randrange(universe)
+                for i in range(length)
+            ]
+        yield capacity, ids
+
+
+def store_ready(policy: CachePolicy, block_id: int, slot: int | None = None) -> BlockStatus:
+    """Insert block ``block_id`` as the manager does (pending) and complete its write."""
+    key = int_key(block_id)
+    status = BlockStatus(block_id if slot is None else slot, -1)
+    policy.insert(key, status)
+    status.ref_cnt = 0
+    policy.mark_evictable(key)
+    return status
+
+
+def pin(policy: CachePolicy, block_id: int) -> None:
+    """Start a load of a ready block: ref_cnt 0 -> 1."""
+    status = policy.get(int_key(block_id))
+    if status is None or status.ref_cnt != 0:
+        raise ValueError(f"block {block_id} is not stored and unpinned")
+    status.ref_cnt = 1
+    policy.mark_non_evictable(int_key(block_id))
+
+
+def unpin(policy: CachePolicy, block_id: int) -> None:
+    """Finish the load started by :func:`pin`: ref_cnt 1 -> 0."""
+    status = policy.get(int_key(block_id))
+    if status is None or status.ref_cnt != 1:
+        raise ValueError(f"block {block_id} is not pinned once")
+    status.ref_cnt = 0
+    policy.mark_evictable(int_key(block_id))
+
+
+def victim_ids(victims: list[tuple[OffloadKey, BlockStatus]] | None) -> list[int] | None:
+    """Victim keys back to block ids (``None`` stays ``None``)."""
+    if victims is None:
+        return None
+    return [int.from_bytes(key[:8], "big", signed=True) for key, _ in victims]

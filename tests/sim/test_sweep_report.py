@@ -1,0 +1,109 @@
+"""Sweeps (parallel = inline), reports (tables, JSON, CSV) and plots."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+from kvoffload.sim.capacity import parse_capacities
+from kvoffload.sim.replay import PolicySpec, ReplayOptions, ReplayResult
+from kvoffload.sim.report import bounds_table, dump_json, results_table, write_results_csv
+from kvoffload.sim.sweep import SweepResult, run_sweep
+from kvoffload.sim.workloads import WorkloadConfig, generate_workload
+
+TRACE = generate_workload(WorkloadConfig(requests=250))
+POLICIES = [PolicySpec("lru"), PolicySpec("arc")]
+CAPACITIES = parse_capacities("2%,10%", TRACE.num_unique_blocks, TRACE.block_tokens)
+
+
+def essentials(result: ReplayResult) -> tuple[object, ...]:
+    d = result.to_dict()
+    return (
+        d["policy"],
+        d["capacity_blocks"],
+        d["block_hits"],
+        d["prefix_hit_blocks"],
+        d["evictions"],
+    )
+
+
+@pytest.fixture(scope="module")
+def inline() -> SweepResult:
+    return run_sweep(TRACE, POLICIES, CAPACITIES, ReplayOptions(), workers=1)
+
+
+def test_parallel_sweep_equals_inline_and_keeps_order(inline: SweepResult) -> None:
+    done: list[str] = []
+    started: list[int] = []
+    parallel = run_sweep(
+        TRACE,
+        POLICIES,
+        CAPACITIES,
+        ReplayOptions(),
+        workers=2,
+        on_task_done=done.append,
+        on_started=started.append,
+    )
+    assert [essentials(r) for r in parallel.results] == [essentials(r) for r in inline.results]
+    assert [(r.policy, r.capacity_label) for r in parallel.results] == [
+        ("lru", "2%"),
+        ("arc", "2%"),
+        ("lru", "10%"),
+        ("arc", "10%"),
+    ]
+    assert parallel.bounds == inline.bounds
+    assert started == [6] and sorted(done) == sorted(
+        ["bounds @ 2%", "bounds @ 10%", "lru @ 2%", "arc @ 2%", "lru @ 10%", "arc @ 10%"]
+    )
+
+
+def test_worker_errors_reach_the_caller() -> None:
+    with pytest.raises(ValueError, match="Unknown cache policy"):
+        run_sweep(
+            TRACE,
+            [PolicySpec("no-such-policy"), PolicySpec("lru")],
+            CAPACITIES,
+            ReplayOptions(),
+            with_bounds=False,
+            workers=2,
+        )
+
+
+def test_tables_render_every_row(inline: SweepResult) -> None:
+    from rich.console import Console
+
+    console = Console(width=200, record=True, file=io.StringIO())
+    console.print(results_table(inline.results, inline.bounds))
+    text = console.export_text()
+    for label in ("lru", "arc", "Belady MIN", "OPT (bypass)", "infinite cache", "2% ("):
+        assert label in text
+    console.print(bounds_table(inline.bounds, ["2%", "10%"]))
+    assert "max live" in console.export_text()
+
+
+def test_csv_and_json_outputs(inline: SweepResult) -> None:
+    out = io.StringIO()
+    write_results_csv(inline.results, inline.bounds, out)
+    rows = list(csv.DictReader(io.StringIO(out.getvalue())))
+    assert len(rows) == 4
+    first = rows[0]
+    assert first["policy"] == "lru" and float(first["block_hit_ratio"]) >= 0
+    assert "belady_hit_ratio" in first and "hit_length_p90" in first
+    assert float(first["belady_hit_ratio"]) >= float(first["block_hit_ratio"])
+    text = io.StringIO()
+    dump_json({"results": [r.to_dict() for r in inline.results]}, text)
+    assert len(json.loads(text.getvalue())["results"]) == 4
+
+
+def test_plots_are_written(inline: SweepResult, tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    from kvoffload.sim.plot import plot_capacity_bars, plot_miss_ratio_curves
+
+    curve = plot_miss_ratio_curves(inline.results, inline.bounds, tmp_path / "mrc.png")
+    bars = plot_capacity_bars(inline.results, inline.bounds, tmp_path)
+    assert curve.stat().st_size > 1000
+    assert len(bars) == 2 and all(p.stat().st_size > 1000 for p in bars)
