@@ -1,0 +1,139 @@
+"""CLOCK: a ring of blocks with small use counters swept by a hand (second chance).
+
+The ring is kept as a queue whose front is the block under the hand: a new block goes just
+behind the hand (the back), a use raises the block's counter (up to ``2**n_bit_counter - 1``),
+and eviction looks at the block under the hand: counter 0 -> victim; otherwise the counter
+drops by one and the hand moves on (the block goes to the back). With ``n_bit_counter=1`` this
+is the classic reference-bit CLOCK. Driven one block at a time without pins it makes exactly
+libCacheSim's ``Clock(init_freq, n_bit_counter)`` decisions.
+
+Pinned, pending and protected blocks under the hand are passed over with their counter
+unchanged (they stay where they are in the ring; the hand simply moves past them). The cost:
+each sweep steps over those blocks, so eviction is O(victims + counters cleared + blocks in
+flight) rather than O(victims).
+
+``evict`` is atomic without undo: it first checks that enough blocks are eligible, then finds
+the victims by reading the ring (in sweep ``r`` the hand takes the eligible blocks whose
+counter was ``r``), and only then commits the counter decrements and the hand's move.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Collection, Iterable, Mapping
+
+from kvoffload.context import ReqContext
+from kvoffload.keys import OffloadKey
+from kvoffload.policies.base import BlockStatus, CachePolicy, Victims
+
+_MAX_COUNTER_BITS = 16
+
+
+def _check_int(name: str, value: int, low: int, high: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if not low <= value <= high:
+        raise ValueError(f"{name} must be in [{low}, {high}], got {value}")
+    return value
+
+
+class ClockCachePolicy(CachePolicy):
+    """CLOCK (second chance): a hand sweeps the blocks and evicts the first one not used lately."""
+
+    name = "clock"
+
+    def __init__(self, cache_capacity: int, *, init_freq: int = 0, n_bit_counter: int = 1) -> None:
+        super().__init__(cache_capacity)
+        self.n_bit_counter = _check_int("n_bit_counter", n_bit_counter, 1, _MAX_COUNTER_BITS)
+        self.max_freq = (1 << self.n_bit_counter) - 1
+        self.init_freq = _check_int("init_freq", init_freq, 0, self.max_freq)
+        self._blocks: dict[OffloadKey, BlockStatus] = {}
+        # The ring as a queue: the front is under the hand. Holds pinned/pending blocks too.
+        self._ring: OrderedDict[OffloadKey, int] = OrderedDict()  # key -> use counter
+        self._evictable: set[OffloadKey] = set()
+
+    def get(self, key: OffloadKey) -> BlockStatus | None:
+        return self._blocks.get(key)
+
+    def insert(
+        self, key: OffloadKey, block: BlockStatus, req_context: ReqContext | None = None
+    ) -> None:
+        self._blocks[key] = block
+        self._ring[key] = self.init_freq
+        if block.ref_cnt == 0:
+            self._evictable.add(key)
+
+    def remove(self, key: OffloadKey) -> None:
+        if self._blocks.pop(key, None) is not None:
+            del self._ring[key]
+            self._evictable.discard(key)
+
+    def touch(self, keys: Iterable[OffloadKey], req_context: ReqContext | None = None) -> None:
+        """Raise the counter of each ready block (a block still being written is not used)."""
+        blocks, ring, top = self._blocks, self._ring, self.max_freq
+        for key in keys:
+            status = blocks.get(key)
+            if status is not None and status.ref_cnt >= 0 and ring[key] < top:
+                ring[key] += 1
+
+    def evict(self, n: int, protected: Collection[OffloadKey]) -> Victims | None:
+        if n <= 0:
+            return []
+        evictable = self._evictable
+        if n > len(evictable) - len(evictable.intersection(protected)):
+            return None
+        ring = self._ring
+        chosen: list[OffloadKey] = []
+        passed: list[OffloadKey] = []  # keys the hand passed in its last (partial) sweep
+        sweep = 0
+        # Every eligible counter is <= max_freq, so sweep max_freq at the latest finds n.
+        while len(chosen) < n:
+            passed.clear()
+            for key, counter in ring.items():
+                passed.append(key)
+                if counter == sweep and key in evictable and key not in protected:
+                    chosen.append(key)
+                    if len(chosen) == n:
+                        break
+            else:
+                sweep += 1
+        self._commit(chosen, passed, sweep, protected)
+        blocks = self._blocks
+        return [(key, blocks.pop(key)) for key in chosen]
+
+    def _commit(
+        self,
+        chosen: list[OffloadKey],
+        passed: list[OffloadKey],
+        sweep: int,
+        protected: Collection[OffloadKey],
+    ) -> None:
+        """Apply the sweeps found by ``evict``: decrements, victims out, hand moved on."""
+        ring, evictable = self._ring, self._evictable
+        for key in chosen:
+            del ring[key]
+            evictable.remove(key)
+        if sweep:  # full sweeps: every eligible survivor lost ``sweep`` from its counter
+            for key in ring:
+                if key in evictable and key not in protected:
+                    ring[key] -= sweep
+        for key in passed:  # the last sweep's part: one more decrement, moved behind the hand
+            if key in ring:
+                if key in evictable and key not in protected:
+                    ring[key] -= 1
+                ring.move_to_end(key)
+
+    def clear(self) -> None:
+        self._blocks.clear()
+        self._ring.clear()
+        self._evictable.clear()
+
+    def mark_evictable(self, key: OffloadKey) -> None:
+        if key in self._blocks:
+            self._evictable.add(key)
+
+    def mark_non_evictable(self, key: OffloadKey) -> None:
+        self._evictable.discard(key)
+
+    def stats(self) -> Mapping[str, float]:
+        return {"blocks": len(self._blocks), "evictable": len(self._evictable)}
