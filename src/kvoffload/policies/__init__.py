@@ -19,34 +19,10 @@ from kvoffload.policies.factory import (
 #: the class docstring (a test checks it), so listings need no import.
 BUILTIN_POLICIES: tuple[tuple[str, str, str, str], ...] = (
     (
-        "kvaware",
-        "kvoffload.policies.kvaware",
-        "KVAwareCachePolicy",
-        "KV-aware: learns reuse odds per block class online, evicts the least likely reused.",
-    ),
-    (
         "lru",
         "kvoffload.policies.lru",
         "LRUCachePolicy",
         "Least recently used: evicts the ready block whose last use is oldest.",
-    ),
-    (
-        "prefix-lru",
-        "kvoffload.policies.prefix_lru",
-        "PrefixLRUCachePolicy",
-        "Prefix-aware LRU: evicts leaves first, so a cached tail never outlives its head.",
-    ),
-    (
-        "retention",
-        "kvoffload.policies.retention",
-        "RetentionCachePolicy",
-        "Retention priorities (TensorRT-LLM style): low priority first, LRU within a level.",
-    ),
-    (
-        "sae",
-        "kvoffload.policies.sae",
-        "SAECachePolicy",
-        "Session-aware eviction (vLLM PR #50422): evicts the weakest sessions, tail first.",
     ),
     (
         "arc",
@@ -125,6 +101,30 @@ BUILTIN_POLICIES: tuple[tuple[str, str, str, str], ...] = (
         "kvoffload.policies.lecar",
         "LeCaRCachePolicy",
         "LeCaR (HotStorage'18): learns online how to mix LRU and LFU evictions from its regrets.",
+    ),
+    (
+        "prefix-lru",
+        "kvoffload.policies.prefix_lru",
+        "PrefixLRUCachePolicy",
+        "Prefix-aware LRU: evicts leaves first, so a cached tail never outlives its head.",
+    ),
+    (
+        "retention",
+        "kvoffload.policies.retention",
+        "RetentionCachePolicy",
+        "Retention priorities (TensorRT-LLM style): low priority first, LRU within a level.",
+    ),
+    (
+        "sae",
+        "kvoffload.policies.sae",
+        "SAECachePolicy",
+        "Session-aware eviction (vLLM PR #50422): evicts the weakest sessions, tail first.",
+    ),
+    (
+        "kvaware",
+        "kvoffload.policies.kvaware",
+        "KVAwareCachePolicy",
+        "KV-aware: learns reuse odds per block class online, evicts the least likely reused.",
     ),
 )
 
