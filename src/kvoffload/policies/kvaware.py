@@ -33,9 +33,10 @@ touched or inserted block).
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections import OrderedDict
-from collections.abc import Collection, Iterable, Iterator, Mapping
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 
 from kvoffload.context import ReqContext
 from kvoffload.keys import OffloadKey
@@ -91,6 +92,7 @@ class KVAwareCachePolicy(CachePolicy):
     """KV-aware: learns reuse odds per block class online, evicts the least likely reused."""
 
     name = "kvaware"
+    touches_misses = False  # ghost hits are recognised at insert
 
     def __init__(
         self,
@@ -132,6 +134,7 @@ class KVAwareCachePolicy(CachePolicy):
         self.prior_reuse = prior_reuse
         self.prior_weight = prior_weight
         self._blocks: dict[OffloadKey, _Block] = {}
+        self._statuses: dict[OffloadKey, BlockStatus] = {}  # the block table the manager reads
         self._orders: list[OrderedDict[OffloadKey, None]] = [
             OrderedDict() for _ in range(_NUM_CLASSES)
         ]
@@ -171,13 +174,17 @@ class KVAwareCachePolicy(CachePolicy):
         self._entries[cls] += 1.0
         self._since_decay += 1
         if self._since_decay >= self.decay_window:
-            self._since_decay = 0
-            for i in range(_NUM_CLASSES):
-                self._entries[i] *= 0.5
-                self._reuses[i] *= 0.5
-                self._gap_sums[i] *= 0.5
-            self._rate_inserts *= 0.5
-            self._rate_time *= 0.5
+            self._decay()
+
+    def _decay(self) -> None:
+        """Halve every count: the policy follows the traffic it sees now."""
+        self._since_decay = 0
+        for i in range(_NUM_CLASSES):
+            self._entries[i] *= 0.5
+            self._reuses[i] *= 0.5
+            self._gap_sums[i] *= 0.5
+        self._rate_inserts *= 0.5
+        self._rate_time *= 0.5
 
     def _leave(self, cls: int) -> None:
         self._entries[cls] = max(self._entries[cls] - 1.0, self._reuses[cls])
@@ -186,18 +193,29 @@ class KVAwareCachePolicy(CachePolicy):
         self._reuses[cls] += 1.0
         self._gap_sums[cls] += gap if gap > 0.0 else 0.0
 
-    def _score(self, cls: int, idle: float, horizon: float) -> float:
-        reuses = self._reuses[cls]
-        p = reuses / self._entries[cls]
-        if p >= 1.0:
-            p = 0.999
-        if reuses <= 0.0 or horizon <= 0.0:
-            return p
-        mean_gap = self._gap_sums[cls] / reuses
-        if mean_gap <= 0.0:
-            return p
-        survive = math.exp(-idle / mean_gap) if idle > 0.0 else 1.0
-        return p * survive * -math.expm1(-horizon / mean_gap) / (1.0 - p + p * survive)
+    def _score_params(self, cls: int, horizon: float) -> tuple[float, float, float]:
+        """Class ``cls``'s reuse odds ``p``, ``1 / mean gap`` (0 = no gap model), P(gap < H)."""
+        reuses, gap_sum = self._reuses[cls], self._gap_sums[cls]
+        p = min(reuses / self._entries[cls], 0.999)
+        if reuses <= 0.0 or horizon <= 0.0 or gap_sum <= 0.0:
+            return p, 0.0, 1.0
+        inv_gap = reuses / gap_sum
+        return p, inv_gap, -math.expm1(-horizon * inv_gap)
+
+    @staticmethod
+    def _idle_at_or_below(params: tuple[float, float, float], ceiling: float) -> float:
+        """The idle time from which a block of a class with ``params`` scores <= ``ceiling``.
+
+        Inverts ``score = p w e / (1 - p + p e)``, ``e = exp(-idle / gap)``: scores fall as
+        idle time grows. ``-inf`` when every block qualifies, ``inf`` when none does.
+        """
+        p, inv_gap, within = params
+        if ceiling == math.inf or p * within <= ceiling:
+            return -math.inf
+        if inv_gap == 0.0 or ceiling <= 0.0:
+            return math.inf
+        survive = ceiling * (1.0 - p) / (p * (within - ceiling))
+        return -math.log(survive) / inv_gap
 
     def _output_bucket(self, ctx: ReqContext) -> int:
         tokens = ctx.output_tokens
@@ -206,24 +224,6 @@ class KVAwareCachePolicy(CachePolicy):
         if tokens < self.short_output_tokens:
             return 0
         return 1 if tokens < self.long_output_tokens else 2
-
-    def _move(self, key: OffloadKey, block: _Block, cls: int, *, correction: bool) -> None:
-        """Put ``block`` in class ``cls`` as a new entry (a reuse starts a new trial).
-
-        A correction (the request's output length became known) takes back the entry into
-        the provisional class instead of counting a second trial.
-        """
-        if correction:
-            if cls == block.cls:
-                return
-            self._leave(block.cls)
-        self._enter(cls)
-        if cls == block.cls:
-            return
-        evictable = self._orders[block.cls].pop(key, 0) is None
-        block.cls = cls
-        if evictable:
-            self._orders[cls][key] = None
 
     @staticmethod
     def _remember(ctx: ReqContext | None, keys: Iterable[OffloadKey]) -> None:
@@ -237,8 +237,11 @@ class KVAwareCachePolicy(CachePolicy):
 
     # ------------------------------------------------------------ contract
     def get(self, key: OffloadKey) -> BlockStatus | None:
-        block = self._blocks.get(key)
-        return block.status if block is not None else None
+        return self._statuses.get(key)
+
+    @property
+    def block_table(self) -> Mapping[OffloadKey, BlockStatus]:
+        return self._statuses
 
     def insert(
         self, key: OffloadKey, block: BlockStatus, req_context: ReqContext | None = None
@@ -260,34 +263,84 @@ class KVAwareCachePolicy(CachePolicy):
             cls = TAIL_CLASS if tail else _class_of(0, _UNKNOWN_OUTPUT)
         self._enter(cls)
         self._blocks[key] = _Block(block, cls, uses, now)
+        self._statuses[key] = block
         if block.ref_cnt == 0:
             self._orders[cls][key] = None
         self._remember(req_context, (key,))
 
+    def insert_many(
+        self,
+        keys: Sequence[OffloadKey],
+        blocks: Sequence[BlockStatus],
+        req_context: ReqContext | None = None,
+    ) -> None:
+        if type(self).insert is not KVAwareCachePolicy.insert:  # a subclass hooks insert
+            super().insert_many(keys, blocks, req_context)
+            return
+        count = len(keys)
+        now = self._advance(req_context, count)
+        if self._rate_inserts > 0.0:
+            self._rate_time += max(now - self._last_insert_time, 0.0)
+        self._rate_inserts += count
+        self._last_insert_time = now
+        ghosts, stored, statuses = self._ghosts, self._blocks, self._statuses
+        orders, entries = self._orders, self._entries
+        tail = req_context.partial_tail_key if req_context is not None else None
+        new_cls = _class_of(0, _UNKNOWN_OUTPUT)
+        for key, block in zip(keys, blocks, strict=True):
+            ghost = ghosts.pop(key, None) if ghosts else None
+            if ghost is None:
+                uses = 0
+                cls = TAIL_CLASS if key == tail else new_cls
+            else:  # an evicted block came back: its class was worth keeping
+                ghost_cls, uses, last_use = ghost
+                self._record_reuse(ghost_cls, now - last_use)
+                uses += 1
+                cls = _class_of(uses, _UNKNOWN_OUTPUT)
+            entries[cls] += 1.0
+            stored[key] = _Block(block, cls, uses, now)
+            statuses[key] = block
+            if block.ref_cnt == 0:
+                orders[cls][key] = None
+        self._since_decay += count
+        if self._since_decay >= self.decay_window:
+            self._decay()
+        self._remember(req_context, keys)
+
     def remove(self, key: OffloadKey) -> None:
         block = self._blocks.pop(key, None)
         if block is not None:
+            del self._statuses[key]
             self._orders[block.cls].pop(key, None)
             self._leave(block.cls)
 
     def touch(self, keys: Iterable[OffloadKey], req_context: ReqContext | None = None) -> None:
         key_list = keys if isinstance(keys, (list, tuple)) else list(keys)
         now = self._advance(req_context, len(key_list))
-        blocks = self._blocks
+        blocks, orders, entries = self._blocks, self._orders, self._entries
         used: list[OffloadKey] = []
         for key in reversed(key_list):  # tail first, so the head ends most recent
             block = blocks.get(key)
             if block is None:
                 continue
-            if block.status.ref_cnt >= 0:
-                self._record_reuse(block.cls, now - block.last_use)
+            old = block.cls
+            if block.status.ref_cnt >= 0:  # a use: a success for its class, a new trial after
+                self._record_reuse(old, now - block.last_use)
                 block.uses += 1
-                self._move(key, block, _class_of(block.uses, block.output_bucket), correction=False)
+                new = _class_of(block.uses, block.output_bucket)
+                entries[new] += 1.0
+                self._since_decay += 1
+                if new != old:
+                    block.cls = new
+                    if orders[old].pop(key, 0) is None:
+                        orders[new][key] = None
                 used.append(key)
-            order = self._orders[block.cls]
+            order = orders[block.cls]
             if key in order:
                 order.move_to_end(key)
             block.last_use = now
+        if self._since_decay >= self.decay_window:
+            self._decay()
         self._remember(req_context, used)
 
     def on_request_finished(self, req_context: ReqContext) -> None:
@@ -298,13 +351,27 @@ class KVAwareCachePolicy(CachePolicy):
         bucket = self._output_bucket(req_context)
         if bucket == _UNKNOWN_OUTPUT:
             return
-        blocks = self._blocks
+        blocks, orders = self._blocks, self._orders
+        entries, reuses = self._entries, self._reuses
+        moved = 0
         for key in reversed(keys):
             block = blocks.get(key)
             if block is None or block.cls == TAIL_CLASS:
                 continue
             block.output_bucket = bucket
-            self._move(key, block, _class_of(block.uses, bucket), correction=True)
+            old, new = block.cls, _class_of(block.uses, bucket)
+            if new == old:
+                continue
+            # A correction, not a new trial: the entry moves from the provisional class.
+            entries[old] = max(entries[old] - 1.0, reuses[old])
+            entries[new] += 1.0
+            moved += 1
+            block.cls = new
+            if orders[old].pop(key, 0) is None:
+                orders[new][key] = None
+        self._since_decay += moved
+        if self._since_decay >= self.decay_window:
+            self._decay()
 
     def evict(self, n: int, protected: Collection[OffloadKey]) -> Victims | None:
         if n <= 0:
@@ -315,30 +382,56 @@ class KVAwareCachePolicy(CachePolicy):
         blocks = self._blocks
         now = self._now
         horizon = self._horizon()
-        score = self._score
         iterators = [iter(order) for order in orders]
         heads = [_next_unprotected(it, protected) for it in iterators]
-        scores = [
-            score(cls, now - blocks[key].last_use, horizon) if key is not None else math.inf
+        params = {
+            cls: self._score_params(cls, horizon)
             for cls, key in enumerate(heads)
-        ]
+            if key is not None
+        }
+        exp = math.exp
+
+        def score(cls: int, key: OffloadKey) -> float:
+            p, inv_gap, within = params[cls]
+            if inv_gap == 0.0:
+                return p
+            idle = now - blocks[key].last_use
+            survive = exp(-idle * inv_gap) if idle > 0.0 else 1.0
+            return p * survive * within / (1.0 - p + p * survive)
+
+        # (score, class) of every class's oldest candidate; ties go to the lower class index.
+        heap = [(score(cls, key), cls) for cls, key in enumerate(heads) if key is not None]
+        heapq.heapify(heap)
         chosen: list[OffloadKey] = []
-        for _ in range(n):
-            best = min(range(_NUM_CLASSES), key=scores.__getitem__)
-            key = heads[best]
-            if key is None:
+        while len(chosen) < n:
+            if not heap:
                 return None
-            chosen.append(key)
-            nxt = _next_unprotected(iterators[best], protected)
-            heads[best] = nxt
-            scores[best] = (
-                score(best, now - blocks[nxt].last_use, horizon) if nxt is not None else math.inf
-            )
+            best = heap[0][1]
+            # The best class's later candidates are newer, so their scores only grow: take
+            # them while they stay at or below the runner-up's score, found by idle time alone.
+            runner_up = min(heap[1:3])[0] if len(heap) > 1 else math.inf
+            min_idle = self._idle_at_or_below(params[best], runner_up)
+            iterator = iterators[best]
+            key = heads[best]
+            while True:
+                chosen.append(key)  # type: ignore[arg-type]
+                key = next(iterator, None)
+                while key is not None and key in protected:
+                    key = next(iterator, None)
+                if key is None or len(chosen) == n or now - blocks[key].last_use < min_idle:
+                    break
+            heads[best] = key
+            if key is None:
+                heapq.heappop(heap)
+            else:
+                heapq.heapreplace(heap, (score(best, key), best))
         victims: Victims = []
         ghosts = self._ghosts
         keep_ghosts = self.ghost_capacity > 0
+        statuses = self._statuses
         for key in chosen:
             block = blocks.pop(key)
+            del statuses[key]
             del orders[block.cls][key]
             victims.append((key, block.status))
             if keep_ghosts:
@@ -349,6 +442,7 @@ class KVAwareCachePolicy(CachePolicy):
 
     def clear(self) -> None:
         self._blocks.clear()
+        self._statuses.clear()
         for order in self._orders:
             order.clear()
         self._ghosts.clear()
@@ -360,6 +454,20 @@ class KVAwareCachePolicy(CachePolicy):
             order = self._orders[block.cls]
             order[key] = None
             order.move_to_end(key)
+
+    def mark_evictable_many(self, keys: Sequence[OffloadKey]) -> None:
+        if type(self).mark_evictable is not KVAwareCachePolicy.mark_evictable:  # a subclass hook
+            super().mark_evictable_many(keys)
+            return
+        blocks, orders = self._blocks, self._orders
+        for key in keys:
+            block = blocks.get(key)
+            if block is not None:
+                order = orders[block.cls]
+                if key in order:
+                    order.move_to_end(key)
+                else:
+                    order[key] = None
 
     def mark_non_evictable(self, key: OffloadKey) -> None:
         block = self._blocks.get(key)
