@@ -76,7 +76,7 @@ class RequestOffloadingContext:
     policy: OffloadPolicy = OffloadPolicy.CHUNK_LEVEL
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class CPULoadStoreSpec:
     """CPU slot ids, co-indexed with the keys of the call that produced them."""
 
@@ -88,7 +88,7 @@ class CPULoadStoreSpec:
         return CPU_MEDIUM
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class PrepareStoreOutput:
     """Result of ``prepare_store``: what to write, where, and what was evicted for it."""
 

@@ -59,6 +59,13 @@ class LRUCachePolicy(CachePolicy):
         if type(self).insert is not LRUCachePolicy.insert:  # a subclass hooks insert: honour it
             super().insert_many(keys, blocks, req_context)
             return
+        if len(keys) == 1:
+            key, block = keys[0], blocks[0]
+            self._blocks[key] = block
+            if block.ref_cnt == 0:
+                self._evictable[key] = None
+                self._evictable.move_to_end(key)
+            return
         pairs = dict(zip(keys, blocks, strict=True))
         self._blocks.update(pairs)
         ready = [key for key, block in pairs.items() if block.ref_cnt == 0]
@@ -71,6 +78,9 @@ class LRUCachePolicy(CachePolicy):
             return
         evictable = self._evictable
         blocks = self._blocks
+        if len(keys) == 1:
+            self.mark_evictable(keys[0])
+            return
         if evictable.keys().isdisjoint(keys) and all(map(blocks.__contains__, keys)):
             evictable.update(dict.fromkeys(keys))  # the usual case, in one C-level call
             return
@@ -95,6 +105,12 @@ class LRUCachePolicy(CachePolicy):
             return []
         evictable = self._evictable
         if n > len(evictable):
+            return None
+        if n == 1:
+            for key in evictable:
+                if key not in protected:
+                    del evictable[key]
+                    return [(key, self._blocks.pop(key))]
             return None
         chosen = list(islice(evictable, n))  # the n least recent: the usual answer
         if not protected or protected_disjoint(protected, chosen):
