@@ -1,0 +1,388 @@
+"""Offloading specs: one validated config in, a matching manager and transfer worker out.
+
+:class:`OffloadingConfig` is a typed view of vLLM's ``kv_connector_extra_config`` (same key
+names); unknown keys are rejected with a did-you-mean instead of being silently ignored.
+:class:`OffloadingSpec` turns a config plus the engine's :class:`KVCacheLayout` into a
+scheduler-side manager (``get_manager``, slots computed from the byte budget) and a
+worker-side :class:`~kvoffload.transfer.worker.TransferWorker` (``get_worker``).
+:class:`OffloadingSpecFactory` resolves a spec by name like the policy registry does: a
+registered name, ``"package.module:ClassName"``, or ``spec_name`` + ``spec_module_path`` for
+an out-of-tree spec (no fork needed).
+
+Importing this module does not import torch: only ``get_worker`` does.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import inspect
+import logging
+import math
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field, fields
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
+
+from kvoffload.manager import CPUOffloadingManager, OffloadingManager
+from kvoffload.transfer.layout import KVCacheLayout, slots_for_budget
+
+if TYPE_CHECKING:
+    from kvoffload.transfer.worker import TransferWorker
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_SPEC = "CPUOffloadingSpec"
+
+#: Keys vLLM users may carry over that this library does not take, with what to do instead.
+_REPLACED_KEYS = {
+    "num_cpu_blocks": "it was replaced by cpu_bytes_to_use (bytes for the whole server)",
+    "cache_policy": "the policy name key is eviction_policy",
+    "secondary_tiers": "kvoffload's CPUOffloadingSpec has no secondary tiers",
+}
+
+
+def _check_int(name: str, value: Any, minimum: int, optional: bool = False) -> None:
+    if value is None and optional:
+        return
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"config '{name}' must be an int, got {type(value).__name__} {value!r}")
+    if value < minimum:
+        raise ValueError(f"config '{name}' must be >= {minimum}, got {value}")
+
+
+def _check_bool(name: str, value: Any, optional: bool = False) -> None:
+    if value is None and optional:
+        return
+    if not isinstance(value, bool):
+        raise TypeError(f"config '{name}' must be true or false, got {value!r}")
+
+
+def _check_str(name: str, value: Any, optional: bool = False) -> None:
+    if value is None and optional:
+        return
+    if not isinstance(value, str) or not value:
+        raise TypeError(f"config '{name}' must be a non-empty string, got {value!r}")
+
+
+@dataclass(frozen=True)
+class OffloadingConfig:
+    """Validated offloading settings; field names are vLLM's extra-config keys.
+
+    Attributes:
+        cpu_bytes_to_use: host memory for the CPU tier across all workers (required). A float
+            (vLLM computes GiB * 2**30) is floored to whole bytes.
+        block_size: tokens per offloaded chunk (a multiple of the device block size).
+        blocks_per_chunk: device blocks per offloaded chunk (alternative to block_size).
+        eviction_policy: cache policy name, registered or ``"module:Class"``.
+        cache_policy_module_path: module of an unregistered policy class.
+        cache_policy_params: keyword parameters of the policy's constructor.
+        store_threshold: store a block on its N-th offer (0/1: always).
+        max_tracker_size: capacity of the offer tracker used when store_threshold >= 2.
+        spec_name / spec_module_path: which OffloadingSpec to build.
+        enable_kv_cache_events: record stored/removed events for ``take_events``.
+        partial_store: store the longest fitting prefix instead of nothing.
+        skip_partial_tail: never store a request's last, partial block.
+        offload_prompt_only / max_recompute_pending_tokens: for engine integrations (vLLM's
+            meaning); the spec itself does not act on them.
+        world_size: workers sharing the budget (each holds its shard of every slot).
+        staging_bytes: device staging memory per direction of a CUDA worker.
+        pin_memory: page-lock the host buffer (None: when CUDA is available).
+    """
+
+    cpu_bytes_to_use: int
+    block_size: int | None = None
+    blocks_per_chunk: int | None = None
+    eviction_policy: str = "lru"
+    cache_policy_module_path: str | None = None
+    cache_policy_params: Mapping[str, Any] = field(default_factory=dict)
+    store_threshold: int = 0
+    max_tracker_size: int = 64000
+    spec_name: str = DEFAULT_SPEC
+    spec_module_path: str | None = None
+    enable_kv_cache_events: bool = False
+    partial_store: bool = False
+    skip_partial_tail: bool = False
+    offload_prompt_only: bool = True
+    max_recompute_pending_tokens: int = 0
+    world_size: int = 1
+    staging_bytes: int = 128 << 20
+    pin_memory: bool | None = None
+
+    def __post_init__(self) -> None:
+        budget = self.cpu_bytes_to_use
+        if isinstance(budget, float) and math.isfinite(budget) and budget >= 1:
+            object.__setattr__(self, "cpu_bytes_to_use", int(budget))
+        _check_int("cpu_bytes_to_use", self.cpu_bytes_to_use, 1)
+        _check_int("block_size", self.block_size, 1, optional=True)
+        _check_int("blocks_per_chunk", self.blocks_per_chunk, 1, optional=True)
+        if self.block_size is not None and self.blocks_per_chunk is not None:
+            raise ValueError(
+                "config: specify only one of block_size (tokens per chunk) and blocks_per_chunk"
+            )
+        _check_str("eviction_policy", self.eviction_policy)
+        _check_str("cache_policy_module_path", self.cache_policy_module_path, optional=True)
+        if not isinstance(self.cache_policy_params, Mapping):
+            raise TypeError(
+                "config 'cache_policy_params' must be a mapping of policy parameters, got "
+                f"{type(self.cache_policy_params).__name__}"
+            )
+        object.__setattr__(self, "cache_policy_params", dict(self.cache_policy_params))
+        _check_int("store_threshold", self.store_threshold, 0)
+        _check_int("max_tracker_size", self.max_tracker_size, 1)
+        _check_str("spec_name", self.spec_name)
+        _check_str("spec_module_path", self.spec_module_path, optional=True)
+        for name in ("enable_kv_cache_events", "partial_store", "skip_partial_tail"):
+            _check_bool(name, getattr(self, name))
+        _check_bool("offload_prompt_only", self.offload_prompt_only)
+        _check_int("max_recompute_pending_tokens", self.max_recompute_pending_tokens, 0)
+        _check_int("world_size", self.world_size, 1)
+        _check_int("staging_bytes", self.staging_bytes, 1)
+        _check_bool("pin_memory", self.pin_memory, optional=True)
+
+    @classmethod
+    def keys(cls) -> list[str]:
+        """Every accepted key."""
+        return [f.name for f in fields(cls)]
+
+    @classmethod
+    def from_extra_config(
+        cls, extra_config: Mapping[str, Any], **overrides: Any
+    ) -> OffloadingConfig:
+        """Build from a ``kv_connector_extra_config``-style dict (``overrides`` win)."""
+        if not isinstance(extra_config, Mapping):
+            raise TypeError(f"extra_config must be a mapping, got {type(extra_config).__name__}")
+        merged = {**extra_config, **overrides}
+        known = cls.keys()
+        for key in merged:
+            if key in known:
+                continue
+            if not isinstance(key, str):
+                raise TypeError(f"config keys must be strings, got {key!r}")
+            if key in _REPLACED_KEYS:
+                raise ValueError(f"config key '{key}' is not accepted: {_REPLACED_KEYS[key]}")
+            close = difflib.get_close_matches(key, known, n=1)
+            hint = f" Did you mean '{close[0]}'?" if close else ""
+            raise ValueError(f"unknown config key '{key}'.{hint} Accepted keys: {', '.join(known)}")
+        if "cpu_bytes_to_use" not in merged:
+            raise ValueError(
+                "config 'cpu_bytes_to_use' is required: the host bytes the CPU tier may use"
+            )
+        return cls(**merged)
+
+
+class OffloadingSpec(ABC):
+    """A backend: builds the manager (scheduler side) and the worker (each device process).
+
+    Subclasses take ``(config, layout)`` and implement :meth:`get_manager` and
+    :meth:`get_worker`; register them with :meth:`OffloadingSpecFactory.register_spec` or
+    name them with ``spec_name`` + ``spec_module_path``.
+    """
+
+    def __init__(self, config: OffloadingConfig, layout: KVCacheLayout) -> None:
+        if not isinstance(config, OffloadingConfig):
+            raise TypeError(f"config must be an OffloadingConfig, got {type(config).__name__}")
+        if not isinstance(layout, KVCacheLayout):
+            raise TypeError(f"layout must be a KVCacheLayout, got {type(layout).__name__}")
+        self.config = config
+        self.layout = layout
+        if config.block_size is not None:
+            self.blocks_per_chunk = layout.blocks_per_chunk_for_tokens(config.block_size)
+        else:
+            self.blocks_per_chunk = config.blocks_per_chunk or 1
+        self.slot_layout = layout.slot_layout(self.blocks_per_chunk)
+
+    def tokens_per_chunk(self, group: int = 0) -> int:
+        """Tokens covered by one offloaded chunk of ``group``."""
+        return self.layout.block_size(group) * self.blocks_per_chunk
+
+    @abstractmethod
+    def get_manager(self) -> OffloadingManager:
+        """The scheduler-side manager (one per engine)."""
+
+    @abstractmethod
+    def get_worker(self, kv_caches: Sequence[Any] | Mapping[str, Any]) -> TransferWorker:
+        """A transfer worker over this process's KV tensors (one per device process)."""
+
+
+class CPUOffloadingSpec(OffloadingSpec):
+    """The CPU tier: ``cpu_bytes_to_use // (slot bytes * world_size)`` slots in host memory."""
+
+    def __init__(self, config: OffloadingConfig, layout: KVCacheLayout) -> None:
+        super().__init__(config, layout)
+        try:
+            self.num_slots = slots_for_budget(
+                self.slot_layout.slot_bytes * config.world_size, config.cpu_bytes_to_use
+            )
+        except ValueError as exc:
+            raise ValueError(f"config 'cpu_bytes_to_use' is too small: {exc}") from None
+        self._manager: CPUOffloadingManager | None = None
+
+    @property
+    def host_bytes(self) -> int:
+        """Host bytes one worker allocates (``num_slots * slot_bytes``, no rounding)."""
+        return self.num_slots * self.slot_layout.slot_bytes
+
+    def get_manager(self) -> CPUOffloadingManager:
+        if self._manager is None:
+            c = self.config
+            self._manager = CPUOffloadingManager(
+                self.num_slots,
+                cache_policy=c.eviction_policy,
+                cache_policy_module_path=c.cache_policy_module_path,
+                cache_policy_params=c.cache_policy_params,
+                enable_events=c.enable_kv_cache_events,
+                store_threshold=c.store_threshold,
+                max_tracker_size=c.max_tracker_size,
+                skip_partial_tail=c.skip_partial_tail,
+                partial_store=c.partial_store,
+            )
+        return self._manager
+
+    def get_worker(self, kv_caches: Sequence[Any] | Mapping[str, Any]) -> TransferWorker:
+        from kvoffload.transfer.host import HostBuffer
+        from kvoffload.transfer.worker import create_transfer_worker
+
+        host = HostBuffer(self.slot_layout.slot_bytes, self.num_slots, self.config.pin_memory)
+        return create_transfer_worker(
+            self.layout,
+            self.slot_layout,
+            host,
+            kv_caches,
+            staging_bytes=self.config.staging_bytes,
+        )
+
+
+# ------------------------------------------------------------------------------ the registry
+
+
+def _import(spec_name: str, module_path: str) -> ModuleType:
+    try:
+        return importlib.import_module(module_path)
+    except ImportError as exc:
+        raise ImportError(
+            f"Cannot load offloading spec '{spec_name}': importing module '{module_path}' "
+            f"failed: {exc}"
+        ) from exc
+
+
+def _load_spec_class(spec_name: str, module_path: str, class_name: str) -> type[OffloadingSpec]:
+    module = _import(spec_name, module_path)
+    try:
+        obj = getattr(module, class_name)
+    except AttributeError:
+        found = sorted(
+            name
+            for name, value in vars(module).items()
+            if inspect.isclass(value)
+            and issubclass(value, OffloadingSpec)
+            and not inspect.isabstract(value)
+        )
+        raise ImportError(
+            f"Cannot load offloading spec '{spec_name}': module '{module_path}' has no class "
+            f"'{class_name}'. OffloadingSpec subclasses there: {found or 'none'}."
+        ) from None
+    if not (inspect.isclass(obj) and issubclass(obj, OffloadingSpec)):
+        what = obj.__qualname__ if inspect.isclass(obj) else type(obj).__name__ + " instance"
+        raise TypeError(
+            f"Offloading spec '{spec_name}' resolved to {what}, which is not a subclass of "
+            "kvoffload.spec.OffloadingSpec."
+        )
+    return obj
+
+
+class OffloadingSpecFactory:
+    """Registry of offloading specs: names -> lazily imported classes (process-wide)."""
+
+    _registry: dict[str, tuple[str, str]] = {}
+    _lock = threading.RLock()
+
+    @classmethod
+    def register_spec(cls, name: str, module_path: str, class_name: str) -> None:
+        """Register ``name`` -> ``module_path.class_name``; nothing is imported now."""
+        parts = (("name", name), ("module_path", module_path), ("class_name", class_name))
+        for what, value in parts:
+            if not isinstance(value, str) or not value:
+                raise ValueError(
+                    f"Offloading spec {what} must be a non-empty string, got {value!r}"
+                )
+        with cls._lock:
+            if name in cls._registry:
+                raise ValueError(f"Offloading spec '{name}' is already registered.")
+            cls._registry[name] = (module_path, class_name)
+
+    @classmethod
+    def unregister_spec(cls, name: str) -> None:
+        """Remove ``name`` (for tests and plugin reloads)."""
+        with cls._lock:
+            if cls._registry.pop(name, None) is None:
+                raise ValueError(f"Offloading spec '{name}' is not registered.")
+
+    @classmethod
+    def registered_names(cls) -> list[str]:
+        """Registered names, in registration order."""
+        with cls._lock:
+            return list(cls._registry)
+
+    @classmethod
+    def get_spec_cls(
+        cls, spec_name: str = DEFAULT_SPEC, spec_module_path: str | None = None
+    ) -> type[OffloadingSpec]:
+        """Resolve: registered name, then ``"module:Class"``, then ``spec_module_path``."""
+        if not isinstance(spec_name, str) or not spec_name:
+            raise ValueError(f"spec_name must be a non-empty string, got {spec_name!r}")
+        with cls._lock:
+            registered = cls._registry.get(spec_name)
+        if registered is not None:
+            return _load_spec_class(spec_name, *registered)
+        if ":" in spec_name:
+            module_path, _, class_name = spec_name.partition(":")
+            if not module_path or not class_name:
+                raise ValueError(
+                    f"Offloading spec '{spec_name}' looks like 'module:ClassName' but a part "
+                    "is empty."
+                )
+            return _load_spec_class(spec_name, module_path, class_name)
+        if spec_module_path:
+            logger.info("Loading offloading spec '%s' from '%s'", spec_name, spec_module_path)
+            return _load_spec_class(spec_name, spec_module_path, spec_name)
+        raise ValueError(
+            f"Unknown offloading spec: '{spec_name}'. Supported: {cls.registered_names()}. "
+            "For an out-of-tree spec, also set spec_module_path (or pass "
+            "'package.module:ClassName')."
+        )
+
+    @classmethod
+    def create_spec(cls, config: OffloadingConfig, layout: KVCacheLayout) -> OffloadingSpec:
+        """Build the spec ``config`` names."""
+        spec_cls = cls.get_spec_cls(config.spec_name, config.spec_module_path)
+        logger.debug("Creating offloading spec %s", spec_cls.__qualname__)
+        return spec_cls(config, layout)
+
+    @classmethod
+    @contextmanager
+    def registry_snapshot(cls) -> Iterator[None]:
+        """Restore the registry to its current content on exit (for tests)."""
+        with cls._lock:
+            saved = dict(cls._registry)
+        try:
+            yield
+        finally:
+            with cls._lock:
+                cls._registry.clear()
+                cls._registry.update(saved)
+
+
+OffloadingSpecFactory.register_spec(DEFAULT_SPEC, __name__, "CPUOffloadingSpec")
+
+
+__all__ = [
+    "DEFAULT_SPEC",
+    "CPUOffloadingSpec",
+    "OffloadingConfig",
+    "OffloadingSpec",
+    "OffloadingSpecFactory",
+]

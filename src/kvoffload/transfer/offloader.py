@@ -1,0 +1,374 @@
+"""KVOffloader: a small synchronous facade for engines that are not vLLM.
+
+It owns a spec, its manager and its transfer worker, and speaks in the engine's terms: the
+prefix hashes of a sequence's device blocks and the device block ids holding them.
+
+    offloader = KVOffloader(kv_caches, cpu_bytes=8 << 30, policy="arc")
+    hit = offloader.lookup(hashes)                        # leading device blocks offloaded
+    offloader.load(hashes[:hit], block_ids[:hit])         # copy them back into the device
+    offloader.store(hashes, block_ids)                    # offload the sequence's blocks
+
+With ``blocks_per_chunk = k`` a chunk is ``k`` device blocks and is keyed, as in vLLM, by the
+hash of its last block (prefix hashes are chained, so that names the whole prefix); lengths
+are in device blocks and a trailing partial chunk is never stored. Each call is one request
+for the policy unless the caller brackets several with :meth:`begin_request` /
+:meth:`end_request`. Not thread-safe: call it from one thread.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from kvoffload.context import ReqContext
+from kvoffload.keys import OffloadKey, make_offload_key
+from kvoffload.manager import LookupResult, OffloadingManager, OffloadingStats
+from kvoffload.spec import OffloadingConfig, OffloadingSpec, OffloadingSpecFactory
+from kvoffload.transfer.layout import KVCacheLayout
+from kvoffload.transfer.worker import LOAD, STORE, TransferResult, TransferWorker, as_int_list
+
+logger = logging.getLogger(__name__)
+
+
+class TransferError(RuntimeError):
+    """A load's copy failed; the manager was left consistent (pins released)."""
+
+
+@dataclass(frozen=True)
+class OffloaderStats:
+    """Data-plane counters since construction, next to the manager's own statistics."""
+
+    lookup_blocks: int  # device blocks asked about by lookup
+    hit_blocks: int  # of those, leading blocks found offloaded
+    loaded_blocks: int
+    loaded_bytes: int
+    load_seconds: float
+    stored_blocks: int
+    stored_bytes: int
+    store_seconds: float
+    failed_loads: int
+    failed_stores: int
+    stores_without_room: int  # store calls the manager could not fit (nothing stored)
+    manager: OffloadingStats | None
+
+    @property
+    def hit_ratio(self) -> float:
+        """Hit blocks / looked-up blocks."""
+        return self.hit_blocks / self.lookup_blocks if self.lookup_blocks else 0.0
+
+    @property
+    def load_gbps(self) -> float:
+        """Loaded bytes / copy seconds, in GB/s (1e9 bytes)."""
+        return self.loaded_bytes / self.load_seconds / 1e9 if self.load_seconds else 0.0
+
+    @property
+    def store_gbps(self) -> float:
+        """Stored bytes / copy seconds, in GB/s (1e9 bytes)."""
+        return self.stored_bytes / self.store_seconds / 1e9 if self.store_seconds else 0.0
+
+
+class KVOffloader:
+    """Offload KV blocks of ``kv_caches`` to a CPU tier of ``cpu_bytes`` bytes.
+
+    Args:
+        kv_caches: the engine's KV tensors (a sequence, or a mapping name -> tensor).
+        cpu_bytes: host memory for the tier; slots = ``cpu_bytes // slot bytes``.
+        policy: eviction policy name (``"lru"``, ``"arc"``, ... or ``"module:Class"``).
+        layout: the tensors' layout; default ``KVCacheLayout.from_tensors(kv_caches, kind,
+            groups)``.
+        kind / groups: passed to ``from_tensors`` when ``layout`` is not given.
+        **config: any other :class:`~kvoffload.spec.OffloadingConfig` key
+            (``blocks_per_chunk``, ``cache_policy_params``, ``store_threshold``, ...).
+    """
+
+    def __init__(
+        self,
+        kv_caches: Sequence[torch.Tensor] | Mapping[str, torch.Tensor],
+        cpu_bytes: int,
+        policy: str = "lru",
+        *,
+        layout: KVCacheLayout | None = None,
+        kind: str | Sequence[str] = "kv_first",
+        groups: Sequence[int] | None = None,
+        **config: Any,
+    ) -> None:
+        if layout is None:
+            layout = KVCacheLayout.from_tensors(kv_caches, kind, groups)
+        cfg = OffloadingConfig.from_extra_config(
+            config, cpu_bytes_to_use=cpu_bytes, eviction_policy=policy
+        )
+        spec = OffloadingSpecFactory.create_spec(cfg, layout)
+        self._init(spec, spec.get_manager(), spec.get_worker(kv_caches))
+
+    @classmethod
+    def from_spec(
+        cls,
+        spec: OffloadingSpec,
+        kv_caches: Sequence[torch.Tensor] | Mapping[str, torch.Tensor],
+    ) -> KVOffloader:
+        """Use an already built spec (e.g. an out-of-tree one)."""
+        self = cls.__new__(cls)
+        self._init(spec, spec.get_manager(), spec.get_worker(kv_caches))
+        return self
+
+    def _init(
+        self, spec: OffloadingSpec, manager: OffloadingManager, worker: TransferWorker
+    ) -> None:
+        self.spec = spec
+        self.manager = manager
+        self.worker = worker
+        self.blocks_per_chunk = spec.blocks_per_chunk
+        self._job_ids = itertools.count(1)
+        self._stores: dict[int, tuple[list[OffloadKey], ReqContext]] = {}
+        self._loads: dict[int, TransferResult] = {}
+        self._counts = dict.fromkeys(
+            (
+                "lookup_blocks",
+                "hit_blocks",
+                "loaded_blocks",
+                "loaded_bytes",
+                "stored_blocks",
+                "stored_bytes",
+                "failed_loads",
+                "failed_stores",
+                "stores_without_room",
+            ),
+            0,
+        )
+        self._seconds = {LOAD: 0.0, STORE: 0.0}
+        self._closed = False
+
+    # ------------------------------------------------------------------ requests
+    def begin_request(self, req_id: str = "") -> ReqContext:
+        """Start a request spanning several calls (each access then counts once per key)."""
+        ctx = ReqContext(req_id=req_id)
+        self.manager.on_new_request(ctx)
+        return ctx
+
+    def end_request(self, ctx: ReqContext) -> None:
+        """The request makes no more calls (its pending stores may still complete)."""
+        self.manager.on_request_finished(ctx)
+
+    @contextmanager
+    def _request(self, ctx: ReqContext | None) -> Iterator[ReqContext]:
+        if ctx is not None:
+            yield ctx
+            return
+        ctx = self.begin_request()
+        try:
+            yield ctx
+        finally:
+            self.end_request(ctx)
+
+    # ------------------------------------------------------------------ the API
+    def lookup(
+        self, block_hashes: Sequence[bytes], group: int = 0, ctx: ReqContext | None = None
+    ) -> int:
+        """How many leading device blocks are offloaded and readable now (whole chunks)."""
+        self._check_open()
+        self._reap()
+        keys = self._chunk_keys(block_hashes, group)
+        hits = 0
+        for key in keys:
+            if self.manager.lookup(key, ctx) is not LookupResult.HIT:
+                break
+            hits += 1
+        self._counts["lookup_blocks"] += len(block_hashes)
+        self._counts["hit_blocks"] += hits * self.blocks_per_chunk
+        return hits * self.blocks_per_chunk
+
+    def load(
+        self,
+        block_hashes: Sequence[bytes],
+        device_block_ids: Sequence[int],
+        group: int = 0,
+        ctx: ReqContext | None = None,
+    ) -> int:
+        """Copy offloaded blocks into ``device_block_ids``; return the blocks loaded.
+
+        Every chunk must be a lookup hit. Raises :class:`TransferError` if the copy fails
+        (the blocks stay offloaded and unpinned).
+        """
+        self._check_open()
+        device_block_ids = self._check_pairs(block_hashes, device_block_ids)
+        if len(block_hashes) % self.blocks_per_chunk:
+            raise ValueError(
+                f"load: {len(block_hashes)} blocks is not a whole number of chunks of "
+                f"{self.blocks_per_chunk} blocks; load the length lookup returned"
+            )
+        keys = self._chunk_keys(block_hashes, group)
+        if not keys:
+            return 0
+        with self._request(ctx) as req:
+            spec = self.manager.prepare_load(keys, req)
+            job_id = next(self._job_ids)
+            try:
+                self.worker.submit_load(
+                    job_id, spec.block_ids, device_block_ids, self._groups(group, len(keys))
+                )
+                self.worker.wait([job_id])
+                self._reap()
+                result = self._loads.pop(job_id)
+            finally:
+                self.manager.complete_load(keys, req)
+        if not result.success:
+            self._counts["failed_loads"] += 1
+            raise TransferError(f"load job {job_id} failed: {result.error}")
+        self._counts["loaded_blocks"] += len(device_block_ids)
+        self._counts["loaded_bytes"] += result.bytes
+        self._seconds[LOAD] += result.seconds
+        return len(device_block_ids)
+
+    def store(
+        self,
+        block_hashes: Sequence[bytes],
+        device_block_ids: Sequence[int],
+        group: int = 0,
+        ctx: ReqContext | None = None,
+        wait: bool = True,
+    ) -> int:
+        """Offload the blocks not offloaded yet; return how many device blocks are written.
+
+        A trailing partial chunk is skipped. If the tier cannot make room, nothing is stored
+        and 0 is returned; a failed copy also returns 0 (the manager drops its blocks). With
+        ``wait=False`` the copy runs in the background and completes on a later call (or
+        :meth:`flush`); until then its chunks are not lookup hits.
+        """
+        self._check_open()
+        device_block_ids = self._check_pairs(block_hashes, device_block_ids)
+        self._reap()
+        keys = self._chunk_keys(block_hashes, group)
+        if not keys:
+            return 0
+        bpc = self.blocks_per_chunk
+        with self._request(ctx) as req:
+            out = self.manager.prepare_store(keys, req)
+            if out is None:
+                self._counts["stores_without_room"] += 1
+                return 0
+            if not out.keys_to_store:
+                return 0
+            chunk_of = {key: i for i, key in reversed(list(enumerate(keys)))}
+            blocks: list[int] = []
+            for key in out.keys_to_store:
+                i = chunk_of[key]
+                blocks.extend(device_block_ids[i * bpc : (i + 1) * bpc])
+            job_id = next(self._job_ids)
+            try:
+                self.worker.submit_store(
+                    job_id,
+                    blocks,
+                    out.store_spec.block_ids,
+                    self._groups(group, len(out.keys_to_store)),
+                )
+            except Exception:
+                self.manager.complete_store(out.keys_to_store, req, success=False)
+                raise
+            self._stores[job_id] = (list(out.keys_to_store), req)
+        if wait:
+            self.worker.wait([job_id])
+            finished = self._reap()
+            if not finished[job_id].success:
+                return 0
+        return len(blocks)
+
+    def flush(self) -> None:
+        """Wait for every background store and complete it."""
+        self.worker.wait(list(self._stores))
+        self._reap()
+
+    def reset(self) -> None:
+        """Drop every offloaded block. Background stores still finish; their completion is
+        ignored by the manager (stale generation) and their slots are reused only after them."""
+        self._check_open()
+        self.manager.reset_cache()
+
+    def stats(self) -> OffloaderStats:
+        """Counters of this facade plus the manager's statistics."""
+        self._reap()
+        c = self._counts
+        return OffloaderStats(
+            lookup_blocks=c["lookup_blocks"],
+            hit_blocks=c["hit_blocks"],
+            loaded_blocks=c["loaded_blocks"],
+            loaded_bytes=c["loaded_bytes"],
+            load_seconds=self._seconds[LOAD],
+            stored_blocks=c["stored_blocks"],
+            stored_bytes=c["stored_bytes"],
+            store_seconds=self._seconds[STORE],
+            failed_loads=c["failed_loads"],
+            failed_stores=c["failed_stores"],
+            stores_without_room=c["stores_without_room"],
+            manager=self.manager.get_stats(),
+        )
+
+    def close(self) -> None:
+        """Finish background stores, stop the worker and release the host memory."""
+        if self._closed:
+            return
+        self.flush()
+        self._closed = True
+        self.worker.shutdown()
+        self.worker.host.close()
+        self.manager.shutdown()
+
+    def __enter__(self) -> KVOffloader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ internals
+    def _reap(self) -> dict[int, TransferResult]:
+        """Complete the stores that finished; keep load results for their caller."""
+        results = self.worker.get_finished()
+        for result in results:
+            if result.kind == LOAD:
+                self._loads[result.job_id] = result
+                continue
+            keys, req = self._stores.pop(result.job_id)
+            self.manager.complete_store(keys, req, success=result.success)
+            if result.success:
+                self._counts["stored_blocks"] += len(keys) * self.blocks_per_chunk
+                self._counts["stored_bytes"] += result.bytes
+                self._seconds[STORE] += result.seconds
+            else:
+                self._counts["failed_stores"] += 1
+                logger.warning("store job %d failed: %s", result.job_id, result.error)
+        return {r.job_id: r for r in results}
+
+    def _chunk_keys(self, block_hashes: Sequence[bytes], group: int) -> list[OffloadKey]:
+        bpc = self.blocks_per_chunk
+        if isinstance(block_hashes, (bytes, str)):
+            raise TypeError("block_hashes must be a sequence of per-block hashes, not one value")
+        num_groups = self.spec.layout.num_groups
+        if isinstance(group, bool) or not isinstance(group, int) or not 0 <= group < num_groups:
+            raise ValueError(f"group must be an int in [0, {num_groups - 1}], got {group!r}")
+        last = range(bpc - 1, len(block_hashes), bpc)
+        return [make_offload_key(block_hashes[i], group) for i in last]
+
+    def _groups(self, group: int, n: int) -> list[int] | None:
+        return [group] * n if self.spec.layout.num_groups > 1 else None
+
+    @staticmethod
+    def _check_pairs(block_hashes: Sequence[bytes], device_block_ids: Sequence[int]) -> list[int]:
+        blocks = as_int_list(device_block_ids, "device_block_ids")
+        if len(block_hashes) != len(blocks):
+            raise ValueError(
+                f"block_hashes ({len(block_hashes)}) and device_block_ids ({len(blocks)}) "
+                "must have the same length"
+            )
+        return blocks
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("the KVOffloader is closed")
+
+
+__all__ = ["KVOffloader", "OffloaderStats", "TransferError"]
