@@ -113,6 +113,16 @@ class UnboundedGhosts(LRUCachePolicy):
         self.ghosts.clear()
 
 
+class BatchInsertsReversed(LRUCachePolicy):
+    def insert_many(self, keys, blocks, req_context=None):  # type: ignore[no-untyped-def]
+        for key, block in reversed(list(zip(keys, blocks, strict=True))):
+            self.insert(key, block, req_context)
+
+    def mark_evictable_many(self, keys):  # type: ignore[no-untyped-def]
+        for key in reversed(list(keys)):
+            self.mark_evictable(key)
+
+
 class RefusesWhenTwoNeeded(LRUCachePolicy):
     def evict(self, n: int, protected: Collection[OffloadKey]) -> Victims | None:
         return None if n >= 2 else super().evict(n, protected)
@@ -132,6 +142,7 @@ class RefusesWhenTwoNeeded(LRUCachePolicy):
         (RemoveKeepsHistory, "remove leaves no trace"),
         (ClearKeepsHistory, "clear resets everything"),
         (UnboundedGhosts, "history stays bounded"),
+        (BatchInsertsReversed, "batched calls behave like single calls"),
         (RefusesWhenTwoNeeded, "evict succeeds when it can"),
     ],
 )

@@ -61,6 +61,51 @@ def test_every_builtin_loads_and_its_description_is_its_docstring() -> None:
         assert cls.__doc__.strip().splitlines()[0] == description
 
 
+def test_only_classes_of_vllms_policy_api_go_to_the_vllm_adapter() -> None:
+    from kvoffload.integrations.policy_adapters import (
+        adapt_vllm_policy_class,
+        is_vllm_policy_class,
+    )
+
+    fake_vllm_base = type("CachePolicy", (), {"__module__": "vllm.v1.kv_offload.cpu.policies.base"})
+    user_policy = type("MyVLLMPolicy", (fake_vllm_base,), {"__module__": "my_policies"})
+    assert is_vllm_policy_class(user_policy)
+    assert not is_vllm_policy_class(LRUCachePolicy)
+    assert not is_vllm_policy_class(type("NotAPolicy", (), {}))
+    assert not is_vllm_policy_class(user_policy())  # an instance
+    assert adapt_vllm_policy_class(type("NotAPolicy", (), {})) is None
+
+
+def test_foreign_policy_classes_go_through_advertised_adapters(
+    policy_module: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[type] = []
+
+    def adapter(cls: type) -> type[CachePolicy] | None:
+        calls.append(cls)
+        return LRUCachePolicy if cls.__name__ == "NotAPolicy" else None
+
+    ep = metadata.EntryPoint(name="x", value="m:f", group="kvoffload.policy_adapters")
+    object.__setattr__(ep, "load", lambda: adapter)  # EntryPoint is immutable; tests only
+    real = metadata.entry_points
+
+    def entry_points(**kwargs: str) -> object:
+        if kwargs.get("group") == "kvoffload.policy_adapters":
+            return [ep]
+        return real(**kwargs)
+
+    monkeypatch.setattr(factory_module.metadata, "entry_points", entry_points)
+    assert CachePolicyFactory.get_cache_policy_cls("NotAPolicy", policy_module) is LRUCachePolicy
+    assert [c.__name__ for c in calls] == ["NotAPolicy"]
+
+
+def test_kvoffloads_own_vllm_adapter_is_advertised() -> None:
+    names = {
+        ep.value for ep in metadata.entry_points(group="kvoffload.policy_adapters")
+    }
+    assert "kvoffload.integrations.policy_adapters:adapt_vllm_policy_class" in names
+
+
 def test_registration_is_lazy(monkeypatch: pytest.MonkeyPatch) -> None:
     CachePolicyFactory.register_cache_policy("lazy", "module_that_does_not_exist_xyz", "Cls")
     assert "module_that_does_not_exist_xyz" not in sys.modules

@@ -82,25 +82,18 @@ class ARCCachePolicy(CachePolicy):
             super().insert_many(keys, blocks, req_context)
             return
         b1, b2 = self._b1, self._b2
-        if b1 or b2:
-            stored, t2 = self._blocks, self._t2
-            t1_order, t2_order = self._t1_order, self._t2_order
+        if (b1 and not b1.keys().isdisjoint(keys)) or (b2 and not b2.keys().isdisjoint(keys)):
+            # A ghost hit in the batch: trimming between inserts may drop a later key's ghost,
+            # so go one insert at a time, exactly as single calls would.
             for key, block in zip(keys, blocks, strict=True):
-                stored[key] = block
-                if key in b1:
-                    del b1[key]
-                elif key in b2:
-                    del b2[key]
-                else:
-                    if block.ref_cnt == 0:
-                        t1_order[key] = None
-                    continue
-                t2.add(key)  # a ghost hit comes back into T2
-                if block.ref_cnt == 0:
-                    t2_order[key] = None
-        else:  # no ghosts (a warming cache): every key is new and goes to T1
-            self._blocks.update(zip(keys, blocks, strict=True))
-            ready = [key for key, block in zip(keys, blocks, strict=True) if block.ref_cnt == 0]
+                self._insert_one(key, block)
+                self._trim_ghosts()
+            return
+        # Only new keys: all go to T1, and one trim at the end drops what per-insert trims
+        # would have dropped (|T1| only grows, ghosts only shrink, both from their LRU ends).
+        self._blocks.update(zip(keys, blocks, strict=True))
+        ready = [key for key, block in zip(keys, blocks, strict=True) if block.ref_cnt == 0]
+        if ready:
             self._t1_order.update(dict.fromkeys(ready))
         self._trim_ghosts()
 

@@ -12,6 +12,9 @@ Resolution order for ``get_cache_policy_cls(name, module_path)``:
 
 Nothing is imported at registration. Errors are ``ValueError`` (unknown / duplicate name),
 ``ImportError`` (module or class cannot be loaded) or ``TypeError`` (not a ``CachePolicy``).
+A class written for another engine's policy API (vLLM's ``CachePolicy``) is wrapped by the
+first adapter advertised under the entry-point group ``kvoffload.policy_adapters`` that
+recognises it (kvoffload's own adapter for vLLM is one); adapters are loaded only then.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from kvoffload.policies.base import CachePolicy
 logger = logging.getLogger(__name__)
 
 ENTRY_POINT_GROUP = "kvoffload.cache_policies"
+ADAPTER_ENTRY_POINT_GROUP = "kvoffload.policy_adapters"
 
 PolicyLoader = Callable[[], type[CachePolicy]]
 
@@ -93,7 +97,22 @@ def _load_class(policy_name: str, module_path: str, class_name: str) -> type[Cac
     return _check_policy_class(policy_name, obj)
 
 
+def _adapt_foreign_class(obj: object) -> type[CachePolicy] | None:
+    """Ask the installed policy adapters to wrap a class written for another engine's API."""
+    if not inspect.isclass(obj):
+        return None
+    for entry_point in metadata.entry_points(group=ADAPTER_ENTRY_POINT_GROUP):
+        adapted = entry_point.load()(obj)
+        if adapted is not None:
+            return _check_policy_class(obj.__qualname__, adapted)
+    return None
+
+
 def _check_policy_class(policy_name: str, obj: object) -> type[CachePolicy]:
+    if inspect.isclass(obj) and not issubclass(obj, CachePolicy):
+        adapted = _adapt_foreign_class(obj)
+        if adapted is not None:
+            return adapted
     if not (inspect.isclass(obj) and issubclass(obj, CachePolicy)):
         what = obj.__qualname__ if inspect.isclass(obj) else type(obj).__name__ + " instance"
         raise TypeError(

@@ -278,13 +278,18 @@ class KVAwareCachePolicy(CachePolicy):
             super().insert_many(keys, blocks, req_context)
             return
         count = len(keys)
+        timed = req_context is not None and req_context.timestamp is not None
+        if not timed:  # the logical clock ticks once per block, as single inserts make it
+            for key, block in zip(keys, blocks, strict=True):
+                self.insert(key, block, req_context)
+            return
         now = self._advance(req_context, count)
         if self._rate_inserts > 0.0:
             self._rate_time += max(now - self._last_insert_time, 0.0)
         self._rate_inserts += count
         self._last_insert_time = now
         ghosts, stored, statuses = self._ghosts, self._blocks, self._statuses
-        orders, entries = self._orders, self._entries
+        orders = self._orders
         tail = req_context.partial_tail_key if req_context is not None else None
         new_cls = _class_of(0, _UNKNOWN_OUTPUT)
         for key, block in zip(keys, blocks, strict=True):
@@ -297,14 +302,11 @@ class KVAwareCachePolicy(CachePolicy):
                 self._record_reuse(ghost_cls, now - last_use)
                 uses += 1
                 cls = _class_of(uses, _UNKNOWN_OUTPUT)
-            entries[cls] += 1.0
+            self._enter(cls)
             stored[key] = _Block(block, cls, uses, now)
             statuses[key] = block
             if block.ref_cnt == 0:
                 orders[cls][key] = None
-        self._since_decay += count
-        if self._since_decay >= self.decay_window:
-            self._decay()
         self._remember(req_context, keys)
 
     def remove(self, key: OffloadKey) -> None:
@@ -315,14 +317,14 @@ class KVAwareCachePolicy(CachePolicy):
             self._leave(block.cls)
 
     def touch(self, keys: Iterable[OffloadKey], req_context: ReqContext | None = None) -> None:
-        key_list = keys if isinstance(keys, (list, tuple)) else list(keys)
-        now = self._advance(req_context, len(key_list))
         blocks, orders, entries = self._blocks, self._orders, self._entries
+        stored = [key for key in keys if key in blocks]
+        if not stored:  # keys that are not stored mean nothing here (ghosts count at insert)
+            return
+        now = self._advance(req_context, len(stored))
         used: list[OffloadKey] = []
-        for key in reversed(key_list):  # tail first, so the head ends most recent
-            block = blocks.get(key)
-            if block is None:
-                continue
+        for key in reversed(stored):  # tail first, so the head ends most recent
+            block = blocks[key]
             old = block.cls
             if block.status.ref_cnt >= 0:  # a use: a success for its class, a new trial after
                 self._record_reuse(old, now - block.last_use)

@@ -19,6 +19,8 @@ the capacity, the seed and the step when the policy:
 * changes any state in a failed ``evict`` (checked by replaying the same history into a twin
   instance, without the failed call, and comparing every later eviction choice);
 * changes any state in ``get`` (same twin technique) or returns a wrong status from it;
+* decides differently after ``insert_many`` / ``mark_evictable_many`` than after the same
+  single calls (twin technique);
 * keeps traces after ``remove`` / ``clear`` (a removed key returned later, state not back to a
   fresh instance's size, a cleared instance deciding differently from a fresh one);
 * grows ghost or history state without bound as new keys stream through.
@@ -81,6 +83,8 @@ class _Driver:
         self.step = 0
         #: the rule blamed when a twin diverges (set by the check that adds the twin)
         self.divergence_rule = "evict/get change nothing on failure"
+        #: give the primary insert_many / mark_evictable_many where the twin gets single calls
+        self.batch_primary = False
 
     # ----------------------------------------------------------------- helpers
     @property
@@ -199,16 +203,30 @@ class _Driver:
         need = len(self.model()) + len(keys) - self.capacity
         if need > 0 and self.evict(need, protected) is None:
             return
-        for key in keys:
-            slot = self.free_slots.pop()
-            for inst in self.instances:
-                status = BlockStatus(slot, -1)
-                inst.status[key] = status
-                inst.policy.insert(key, status)
+        slots = [self.free_slots.pop() for _ in keys]
+        for inst in self.instances:
+            statuses = [BlockStatus(slot, -1) for slot in slots]
+            inst.status.update(zip(keys, statuses, strict=True))
+            if self.batch_primary and inst is self.primary:
+                inst.policy.insert_many(keys, statuses)
+            else:
+                for key, status in zip(keys, statuses, strict=True):
+                    inst.policy.insert(key, status)
 
     def complete(self, success: bool) -> None:
         pending = self.keys_with(lambda s: s.ref_cnt == -1)
         if not pending:
+            return
+        if success and self.batch_primary:
+            batch = self.rng.sample(pending, self.rng.randint(1, min(3, len(pending))))
+            for inst in self.instances:
+                for key in batch:
+                    inst.status[key].ref_cnt = 0
+                if inst is self.primary:
+                    inst.policy.mark_evictable_many(batch)
+                else:
+                    for key in batch:
+                        inst.policy.mark_evictable(key)
             return
         key = self.rng.choice(pending)
         for inst in self.instances:
@@ -387,6 +405,18 @@ def check_get_is_pure(
         driver.random_step()
 
 
+def check_batches_match_singles(
+    make: PolicyMaker, name: str, capacity: int, seed: int, steps: int, allow_refusal: bool
+) -> None:
+    """``insert_many`` / ``mark_evictable_many`` decide exactly like the single calls."""
+    driver = _Driver(make, capacity, seed, name, allow_refusal)
+    driver.add_twin()
+    driver.batch_primary = True
+    driver.divergence_rule = "batched calls behave like single calls"
+    for _ in range(steps):
+        driver.random_step()
+
+
 def check_clear_resets(
     make: PolicyMaker, name: str, capacity: int, seed: int, steps: int, allow_refusal: bool
 ) -> None:
@@ -471,6 +501,7 @@ ALL_CHECKS = (
     check_evict_contract,
     check_failed_evict_is_atomic,
     check_get_is_pure,
+    check_batches_match_singles,
     check_clear_resets,
     check_remove_leaves_no_trace,
     check_history_is_bounded,
@@ -526,6 +557,9 @@ class PolicyConformanceSuite:
     def test_get_is_pure(self) -> None:
         self._run(check_get_is_pure)
 
+    def test_batches_match_singles(self) -> None:
+        self._run(check_batches_match_singles)
+
     def test_clear_resets(self) -> None:
         self._run(check_clear_resets)
 
@@ -540,6 +574,7 @@ __all__ = [
     "ALL_CHECKS",
     "ConformanceError",
     "PolicyConformanceSuite",
+    "check_batches_match_singles",
     "check_clear_resets",
     "check_evict_contract",
     "check_failed_evict_is_atomic",
