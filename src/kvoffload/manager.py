@@ -372,6 +372,7 @@ class CPUOffloadingManager(OffloadingManager):
     def _status_getter(self) -> Callable[[OffloadKey], BlockStatus | None]:
         """The policy's block table lookup (C-level) when it exposes one, else its ``get``."""
         table = self._policy.block_table
+        self._table = table if isinstance(table, dict) else None
         return table.get if table is not None else self._policy.get
 
     def _record(self, ctx: ReqContext | None) -> _RequestRecord:
@@ -480,8 +481,12 @@ class CPUOffloadingManager(OffloadingManager):
     ) -> PrepareStoreOutput | None:
         get = self._get
         record = self._record(ctx)
-        statuses = [get(key) for key in keys]
+        table = self._table
         protected_evictable = 0
+        if table is not None and table.keys().isdisjoint(keys):
+            statuses: list[BlockStatus | None] = []  # none stored: the usual case, C-level
+        else:
+            statuses = [get(key) for key in keys]
         if any(statuses):  # some offered keys are stored already: the slower, rarer path
             absent = []
             accessed = []  # absent, or stored and ready (a use); pending ones belong to others
@@ -522,8 +527,9 @@ class CPUOffloadingManager(OffloadingManager):
             if victims is None:
                 self._counters["failed_allocations"] += 1
                 return None
-            evicted_keys = [key for key, _ in victims]
-            free_list.extend([status for _, status in victims])
+            victim_keys, victim_statuses = zip(*victims, strict=True)
+            evicted_keys = list(victim_keys)
+            free_list.extend(victim_statuses)
             self._num_evictable -= len(victims)
             self._counters["evictions"] += len(victims)
             if self._enable_events:
