@@ -277,22 +277,31 @@ class KVAwareCachePolicy(CachePolicy):
         if type(self).insert is not KVAwareCachePolicy.insert:  # a subclass hooks insert
             super().insert_many(keys, blocks, req_context)
             return
-        count = len(keys)
-        timed = req_context is not None and req_context.timestamp is not None
-        if not timed:  # the logical clock ticks once per block, as single inserts make it
-            for key, block in zip(keys, blocks, strict=True):
-                self.insert(key, block, req_context)
-            return
-        now = self._advance(req_context, count)
-        if self._rate_inserts > 0.0:
-            self._rate_time += max(now - self._last_insert_time, 0.0)
-        self._rate_inserts += count
-        self._last_insert_time = now
         ghosts, stored, statuses = self._ghosts, self._blocks, self._statuses
-        orders = self._orders
+        orders, entries = self._orders, self._entries
         tail = req_context.partial_tail_key if req_context is not None else None
+        stamp = req_context.timestamp if req_context is not None else None
         new_cls = _class_of(0, _UNKNOWN_OUTPUT)
+        width = len(_OUTPUT_NAMES)
+        top = _COUNT_BUCKETS - 1
+        # Time, turnover rate and decay move exactly as one insert call per key moves them.
+        clock, now = self._clock, self._now
+        rate_inserts, rate_time, last_insert = (
+            self._rate_inserts,
+            self._rate_time,
+            self._last_insert_time,
+        )
         for key, block in zip(keys, blocks, strict=True):
+            clock += 1
+            if stamp is not None:
+                if stamp > now:
+                    now = float(stamp)
+            elif clock > now:
+                now = clock
+            if rate_inserts > 0.0 and now > last_insert:
+                rate_time += now - last_insert
+            rate_inserts += 1.0
+            last_insert = now
             ghost = ghosts.pop(key, None) if ghosts else None
             if ghost is None:
                 uses = 0
@@ -301,12 +310,20 @@ class KVAwareCachePolicy(CachePolicy):
                 ghost_cls, uses, last_use = ghost
                 self._record_reuse(ghost_cls, now - last_use)
                 uses += 1
-                cls = _class_of(uses, _UNKNOWN_OUTPUT)
-            self._enter(cls)
+                cls = min(uses.bit_length(), top) * width + _UNKNOWN_OUTPUT
+            entries[cls] += 1.0
+            self._since_decay += 1
+            if self._since_decay >= self.decay_window:
+                self._rate_inserts, self._rate_time = rate_inserts, rate_time
+                self._decay()
+                rate_inserts, rate_time = self._rate_inserts, self._rate_time
             stored[key] = _Block(block, cls, uses, now)
             statuses[key] = block
             if block.ref_cnt == 0:
                 orders[cls][key] = None
+        self._clock, self._now = clock, now
+        self._rate_inserts, self._rate_time = rate_inserts, rate_time
+        self._last_insert_time = last_insert
         self._remember(req_context, keys)
 
     def remove(self, key: OffloadKey) -> None:
