@@ -5,7 +5,8 @@ stores, in a few bytes per cached block. A count-min sketch (``DEPTH`` rows of 4
 saturating at 15, held one per byte) never under-estimates; the doorkeeper (a Bloom filter)
 absorbs each key's first use in a sample period so the many one-time keys do not pollute the
 counters; after ``sample_size`` recorded uses every counter is halved and the doorkeeper
-cleared, so old popularity fades (Einziger, Friedman & Manes, ACM TOS 2017).
+cleared, so old popularity fades (Einziger, Friedman & Manes, ACM TOS 2017). For speed in pure
+Python the doorkeeper holds each of its bits in a byte (8 to 16 bytes per use in a sample).
 
 Hashing is BLAKE2b of the key bytes, so estimates are identical in every process and run
 (Python's ``hash`` of bytes is salted per process).
@@ -13,13 +14,13 @@ Hashing is BLAKE2b of the key bytes, so estimates are identical in every process
 
 from __future__ import annotations
 
-import hashlib
+from collections.abc import Iterable
+from hashlib import blake2b
 
 MAX_COUNT = 15
 DEPTH = 4
-_DOOR_HASHES = 3
 _HALVE = bytes(i >> 1 for i in range(256))
-_MASK32 = 0xFFFFFFFF
+_HASHER = blake2b(digest_size=16)  # copied per key: cheaper than a new one with parameters
 
 
 def _power_of_two_at_least(n: int) -> int:
@@ -27,7 +28,13 @@ def _power_of_two_at_least(n: int) -> int:
 
 
 class FrequencySketch:
-    """Approximate recent use counts for byte keys (0..15, plus 1 for the doorkeeper)."""
+    """Approximate recent use counts for byte keys (0..15, plus 1 for the doorkeeper).
+
+    A key's 128-bit hash, as 32-bit words ``w0..w3`` (least significant first), places it:
+    counter ``i`` of row ``i`` is ``(w0 + i * (w1 | 1)) mod width``, doorkeeper bit ``j`` is
+    ``(w2 + j * (w3 | 1)) mod bits``. Both moduli are powers of two, so the arithmetic is done
+    on the words' low bits only (the results are the same).
+    """
 
     __slots__ = (
         "_counters", "_door", "_door_mask", "_mask", "_width", "additions", "doorkeeper",
@@ -41,9 +48,11 @@ class FrequencySketch:
         self._mask = self._width - 1
         self._counters = bytearray(self._width * DEPTH)  # row after row
         self.doorkeeper = doorkeeper
-        # About 8 bits per use in a sample: a few % false positives with 3 hashes.
+        # About 8 bits per use in a sample: a few % false positives with 3 hashes. Each bit is
+        # held in a byte of its own (0 or 1): 8 times the memory of packed bits, but testing
+        # or setting one is a single indexing operation.
         door_bits = _power_of_two_at_least(max(64, 8 * sample_size)) if doorkeeper else 8
-        self._door = bytearray(door_bits // 8)
+        self._door = bytearray(door_bits)
         self._door_mask = door_bits - 1
         self.sample_size = sample_size
         self.additions = 0  # recorded uses in the current sample period
@@ -51,37 +60,21 @@ class FrequencySketch:
     @staticmethod
     def key_hash(key: bytes) -> int:
         """The 128-bit hash the sketch uses for ``key`` (callers may cache it per key)."""
-        return int.from_bytes(hashlib.blake2b(key, digest_size=16).digest(), "little")
+        hasher = _HASHER.copy()
+        hasher.update(key)
+        return int.from_bytes(hasher.digest(), "little")
 
-    def _in_door(self, key_hash: int) -> bool:
-        door, mask = self._door, self._door_mask
-        c = (key_hash >> 64) & _MASK32
-        d = (key_hash >> 96) | 1
-        bit0, bit1, bit2 = c & mask, (c + d) & mask, (c + 2 * d) & mask
-        return bool(
-            door[bit0 >> 3] & (1 << (bit0 & 7))
-            and door[bit1 >> 3] & (1 << (bit1 & 7))
-            and door[bit2 >> 3] & (1 << (bit2 & 7))
-        )
-
-    def _add_to_door(self, key_hash: int) -> None:
-        door, mask = self._door, self._door_mask
-        c = (key_hash >> 64) & _MASK32
-        d = (key_hash >> 96) | 1
-        for i in range(_DOOR_HASHES):
-            bit = (c + i * d) & mask
-            door[bit >> 3] |= 1 << (bit & 7)
-
-    def _cells(self, key_hash: int) -> tuple[int, int, int, int]:
-        width, mask = self._width, self._mask
-        a = key_hash & _MASK32
-        b = ((key_hash >> 32) & _MASK32) | 1
-        return (
-            a & mask,
-            width + ((a + b) & mask),
-            2 * width + ((a + 2 * b) & mask),
-            3 * width + ((a + 3 * b) & mask),
-        )
+    @staticmethod
+    def key_hashes(keys: Iterable[bytes]) -> list[int]:
+        """:meth:`key_hash` of each of ``keys``, in order."""
+        copy, from_bytes = _HASHER.copy, int.from_bytes
+        out: list[int] = []
+        append = out.append
+        for key in keys:
+            hasher = copy()
+            hasher.update(key)
+            append(from_bytes(hasher.digest(), "little"))
+        return out
 
     def estimate(self, key: bytes) -> int:
         """Recent uses of ``key`` (an over-estimate only through hash collisions)."""
@@ -89,29 +82,88 @@ class FrequencySketch:
 
     def estimate_hash(self, key_hash: int) -> int:
         """:meth:`estimate` for a key whose :meth:`key_hash` is ``key_hash``."""
-        counters = self._counters
-        c0, c1, c2, c3 = self._cells(key_hash)
-        count = min(counters[c0], counters[c1], counters[c2], counters[c3])
-        if self.doorkeeper and self._in_door(key_hash):
-            count += 1
+        counters, width, mask = self._counters, self._width, self._mask
+        a = key_hash & mask
+        b = ((key_hash >> 32) & mask) | 1
+        count = counters[a]
+        a += b
+        other = counters[width + (a & mask)]
+        if other < count:
+            count = other
+        a += b
+        other = counters[2 * width + (a & mask)]
+        if other < count:
+            count = other
+        other = counters[3 * width + ((a + b) & mask)]
+        if other < count:
+            count = other
+        if self.doorkeeper:
+            door, door_mask = self._door, self._door_mask
+            bit = (key_hash >> 64) & door_mask
+            step = ((key_hash >> 96) & door_mask) | 1
+            if door[bit] and door[(bit + step) & door_mask] and door[(bit + 2 * step) & door_mask]:
+                count += 1
         return count
 
     def increment(self, key: bytes) -> None:
         """Record one use of ``key``; every ``sample_size`` uses, age everything by half."""
-        self.increment_hash(self.key_hash(key))
+        self.increment_hashes((self.key_hash(key),))
 
     def increment_hash(self, key_hash: int) -> None:
         """:meth:`increment` for a key whose :meth:`key_hash` is ``key_hash``."""
-        if self.doorkeeper and not self._in_door(key_hash):
-            self._add_to_door(key_hash)
-        else:
-            counters = self._counters
-            for cell in self._cells(key_hash):
-                if counters[cell] < MAX_COUNT:
-                    counters[cell] += 1
-        self.additions += 1
-        if self.additions >= self.sample_size:
-            self.age()
+        self.increment_hashes((key_hash,))
+
+    def increment_hashes(self, key_hashes: Iterable[int]) -> None:
+        """:meth:`increment_hash` for each of ``key_hashes``, in order.
+
+        A use of a key that is not in the doorkeeper only enters it there; otherwise each of
+        the key's ``DEPTH`` counters below ``MAX_COUNT`` goes up by one. The uses are recorded
+        in runs that end where the sample period does (then everything ages).
+        """
+        hashes = key_hashes if isinstance(key_hashes, list) else list(key_hashes)
+        if self.additions + len(hashes) < self.sample_size:  # the usual case: no aging within
+            self._record(hashes)
+            self.additions += len(hashes)
+            return
+        start = 0
+        while start < len(hashes):
+            end = start + self.sample_size - self.additions  # the use that completes the period
+            self._record(hashes[start:end] if start or end < len(hashes) else hashes)
+            self.additions += min(end, len(hashes)) - start
+            if self.additions >= self.sample_size:
+                self.age()
+            start = end
+
+    def _record(self, key_hashes: list[int]) -> None:
+        """Record the uses (within one sample period: no aging, no counting here)."""
+        counters, door = self._counters, self._door
+        width, mask, door_mask = self._width, self._mask, self._door_mask
+        width2, width3 = 2 * width, 3 * width
+        doorkeeper = self.doorkeeper
+        for key_hash in key_hashes:
+            if doorkeeper:
+                bit0 = (key_hash >> 64) & door_mask
+                step = ((key_hash >> 96) & door_mask) | 1
+                bit1 = (bit0 + step) & door_mask
+                bit2 = (bit1 + step) & door_mask
+                if not (door[bit0] and door[bit1] and door[bit2]):
+                    door[bit0] = door[bit1] = door[bit2] = 1
+                    continue
+            a = key_hash & mask
+            b = ((key_hash >> 32) & mask) | 1
+            if counters[a] < MAX_COUNT:
+                counters[a] += 1
+            a += b
+            cell = width + (a & mask)
+            if counters[cell] < MAX_COUNT:
+                counters[cell] += 1
+            a += b
+            cell = width2 + (a & mask)
+            if counters[cell] < MAX_COUNT:
+                counters[cell] += 1
+            cell = width3 + ((a + b) & mask)
+            if counters[cell] < MAX_COUNT:
+                counters[cell] += 1
 
     def age(self) -> None:
         """Halve every counter and clear the doorkeeper (the sample period restarts at half)."""

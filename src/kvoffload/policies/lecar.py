@@ -27,7 +27,8 @@ import math
 import random
 from bisect import bisect_left, insort
 from collections import OrderedDict
-from collections.abc import Collection, Iterable, Iterator, Mapping
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
+from itertools import chain
 
 from kvoffload.context import ReqContext
 from kvoffload.keys import OffloadKey
@@ -89,6 +90,10 @@ class LeCaRCachePolicy(CachePolicy):
     def get(self, key: OffloadKey) -> BlockStatus | None:
         return self._blocks.get(key)
 
+    @property
+    def block_table(self) -> Mapping[OffloadKey, BlockStatus]:
+        return self._blocks
+
     def insert(
         self, key: OffloadKey, block: BlockStatus, req_context: ReqContext | None = None
     ) -> None:
@@ -98,6 +103,31 @@ class LeCaRCachePolicy(CachePolicy):
         self._freq[key] = 1
         if block.ref_cnt == 0:
             self._enter(key)
+
+    def insert_many(
+        self,
+        keys: Sequence[OffloadKey],
+        blocks: Sequence[BlockStatus],
+        req_context: ReqContext | None = None,
+    ) -> None:
+        if type(self).insert is not LeCaRCachePolicy.insert:  # a subclass hooks insert: honour it
+            super().insert_many(keys, blocks, req_context)
+            return
+        for history in self._histories:  # a stored key is never also a ghost
+            if not history.keys().isdisjoint(keys):
+                for key in keys:
+                    history.pop(key, None)
+        statuses, freqs = self._blocks, self._freq
+        ready = False
+        for key, block in zip(keys, blocks, strict=True):
+            statuses[key] = block
+            freqs[key] = 1
+            if block.ref_cnt == 0:
+                ready = True
+        if ready:  # inserted evictable: they enter the orders, in order
+            for key, block in zip(keys, blocks, strict=True):
+                if block.ref_cnt == 0:
+                    self._enter(key)
 
     def _enter(self, key: OffloadKey) -> None:
         self._lru[key] = None
@@ -129,19 +159,31 @@ class LeCaRCachePolicy(CachePolicy):
         del self._freq[key]
 
     def touch(self, keys: Iterable[OffloadKey], req_context: ReqContext | None = None) -> None:
-        for key in reversed(keys if isinstance(keys, (list, tuple)) else list(keys)):
+        keys = keys if isinstance(keys, (list, tuple)) else list(keys)
+        blocks = self._blocks
+        lru_history, lfu_history = self._histories
+        if (
+            blocks.keys().isdisjoint(keys)
+            and lru_history.keys().isdisjoint(keys)
+            and lfu_history.keys().isdisjoint(keys)
+        ):
+            self._now += len(keys)  # neither stored nor remembered: only the clock moves
+            return
+        lru, freqs = self._lru, self._freq
+        for key in reversed(keys):
             self._now += 1
-            if key in self._blocks:
-                evictable = self._leave(key)
-                self._freq[key] += 1
-                if evictable:
+            if key in blocks:
+                if key in lru:  # evictable: it leaves and re-enters the orders
+                    self._leave(key)
+                    freqs[key] += 1
                     self._enter(key)
+                else:
+                    freqs[key] += 1
                 continue
-            for expert, history in enumerate(self._histories):
-                evicted_at = history.pop(key, None)
-                if evicted_at is not None:
-                    self._regret(expert, self._now - evicted_at)
-                    break
+            if key in lru_history:
+                self._regret(_LRU, self._now - lru_history.pop(key))
+            elif key in lfu_history:
+                self._regret(_LFU, self._now - lfu_history.pop(key))
 
     def _regret(self, expert: int, age: int) -> None:
         """The expert that evicted a block missed ``age`` accesses later loses weight."""
@@ -165,17 +207,24 @@ class LeCaRCachePolicy(CachePolicy):
         lru = self._lru
         if not isinstance(protected, (set, frozenset)):
             protected = set(protected)
-        blocked = sum(1 for key in protected if key in lru)
+        blocked = len(lru.keys() & protected)
         if n > len(lru) - blocked:  # checked first: a refusal must not draw random numbers
             return None
         chosen: dict[OffloadKey, int | None] = {}
-        lru_iter = (key for key in lru if key not in protected)
-        lfu_iter = self._lfu_order(protected)
+        lru_iter: Iterator[OffloadKey]
+        lfu_iter: Iterator[OffloadKey]
+        if blocked:
+            lru_iter = (key for key in lru if key not in protected)
+            lfu_iter = self._lfu_order(protected)
+        else:  # nothing to skip: the orders themselves (buckets by increasing count)
+            lru_iter = iter(lru)
+            lfu_iter = chain.from_iterable(map(self._buckets.__getitem__, self._counts))
         lru_pick, lfu_pick = next(lru_iter), next(lfu_iter)
+        draw, w_lru = self._rng.random, self._w_lru
         for _ in range(n):
             if lru_pick == lfu_pick:
                 chosen[lru_pick] = None
-            elif self._rng.random() < self._w_lru:
+            elif draw() < w_lru:
                 chosen[lru_pick] = _LRU
             else:
                 chosen[lfu_pick] = _LFU
@@ -186,11 +235,20 @@ class LeCaRCachePolicy(CachePolicy):
             while lfu_pick in chosen:
                 lfu_pick = next(lfu_iter)
         victims: Victims = []
+        append = victims.append
+        lru, freqs, buckets, statuses = self._lru, self._freq, self._buckets, self._blocks
+        remember = self._history_limit > 0
         for key, expert in chosen.items():
-            self._leave(key)
-            del self._freq[key]
-            victims.append((key, self._blocks.pop(key)))
-            if expert is not None and self._history_limit > 0:
+            # _leave(key), inlined: every victim is evictable.
+            del lru[key]
+            count = freqs.pop(key)
+            bucket = buckets[count]
+            del bucket[key]
+            if not bucket:
+                del buckets[count]
+                del self._counts[bisect_left(self._counts, count)]
+            append((key, statuses.pop(key)))
+            if expert is not None and remember:
                 history = self._histories[expert]
                 history[key] = self._now
                 if len(history) > self._history_limit:
@@ -210,6 +268,27 @@ class LeCaRCachePolicy(CachePolicy):
             self._enter(key)
         elif key in self._lru:
             self._lru.move_to_end(key)
+
+    def mark_evictable_many(self, keys: Sequence[OffloadKey]) -> None:
+        if type(self).mark_evictable is not LeCaRCachePolicy.mark_evictable:  # a subclass hook
+            super().mark_evictable_many(keys)
+            return
+        blocks, lru, freqs, buckets = self._blocks, self._lru, self._freq, self._buckets
+        last_count, last_bucket = -1, None  # the bucket entered last (usually all share one)
+        for key in keys:
+            if key in lru:
+                lru.move_to_end(key)
+            elif key in blocks:
+                # _enter(key), inlined.
+                lru[key] = None
+                count = freqs[key]
+                if count != last_count or last_bucket is None:
+                    bucket = buckets.get(count)
+                    if bucket is None:
+                        bucket = buckets[count] = OrderedDict()
+                        insort(self._counts, count)
+                    last_count, last_bucket = count, bucket
+                last_bucket[key] = None
 
     def mark_non_evictable(self, key: OffloadKey) -> None:
         if key in self._lru:

@@ -24,24 +24,15 @@ pinned; a block that becomes evictable again re-enters its queue at the MRU end.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from itertools import islice
 
 from kvoffload.context import ReqContext
 from kvoffload.keys import OffloadKey
 from kvoffload.policies.base import BlockStatus, CachePolicy, Victims
+from kvoffload.policies.lru import protected_disjoint
 
-
-class _Entry:
-    """A resident block's MQ bookkeeping."""
-
-    __slots__ = ("expire", "freq", "queue", "status", "written")
-
-    def __init__(self, status: BlockStatus, freq: int, queue: int) -> None:
-        self.status = status
-        self.freq = freq
-        self.queue = queue
-        self.expire = 0
-        self.written = False  # the store's insertion is counted when its write completes
+_NEVER = float("inf")
 
 
 def _check_int(name: str, value: int, low: int, high: int) -> int:
@@ -74,7 +65,14 @@ class MQCachePolicy(CachePolicy):
             raise ValueError(f"qout_ratio must be in [0, 64] (ghosts per block), got {qout_ratio}")
         self.qout_ratio = float(qout_ratio)
         self._qout_limit = int(cache_capacity * self.qout_ratio)
-        self._entries: dict[OffloadKey, _Entry] = {}
+        # Resident blocks, one plain dict per field (cheaper than an object per block):
+        self._blocks: dict[OffloadKey, BlockStatus] = {}
+        self._freq: dict[OffloadKey, int] = {}  # access count
+        # Queue index; ``~index`` (negative) until the store's write completes, which is when
+        # its insertion is counted.
+        self._queue: dict[OffloadKey, int] = {}
+        # Expiry time of each written block above queue 0 (only those are ever demoted).
+        self._expire: dict[OffloadKey, int] = {}
         # Evictable blocks per queue, LRU first.
         self._queues: list[OrderedDict[OffloadKey, None]] = [
             OrderedDict() for _ in range(num_queues)
@@ -82,126 +80,340 @@ class MQCachePolicy(CachePolicy):
         self._qout: OrderedDict[OffloadKey, int] = OrderedDict()  # ghost -> count, oldest first
         self._revived: OrderedDict[OffloadKey, int] = OrderedDict()  # Qout hits awaiting insert
         self._now = 0
+        # A lower bound of the expiry of the LRU block of every queue above queue 0: until the
+        # clock passes it, a tick has nothing to demote and skips the queue scan.
+        self._horizon: float = _NEVER
 
     def _queue_for(self, freq: int) -> int:
         return min(freq.bit_length() - 1, self.num_queues - 1)
 
     def get(self, key: OffloadKey) -> BlockStatus | None:
-        entry = self._entries.get(key)
-        return entry.status if entry is not None else None
+        return self._blocks.get(key)
+
+    @property
+    def block_table(self) -> Mapping[OffloadKey, BlockStatus]:
+        return self._blocks
 
     def insert(
         self, key: OffloadKey, block: BlockStatus, req_context: ReqContext | None = None
     ) -> None:
+        self._insert(key, block)
+        if block.ref_cnt >= 0:  # inserted ready: the store is complete now
+            self._complete_store(key)
+
+    def _insert(self, key: OffloadKey, block: BlockStatus) -> None:
         past = self._revived.pop(key, None)
         ghost = self._qout.pop(key, None)  # inserted without a touch: still a Qout hit
         freq = (past if past is not None else ghost if ghost is not None else 0) + 1
-        entry = _Entry(block, freq, self._queue_for(freq))
-        self._entries[key] = entry
-        if block.ref_cnt >= 0:  # inserted ready: the store is complete now
-            self._complete_store(key, entry)
+        self._blocks[key] = block
+        self._freq[key] = freq
+        self._queue[key] = ~self._queue_for(freq)
 
-    def _complete_store(self, key: OffloadKey, entry: _Entry) -> None:
+    def insert_many(
+        self,
+        keys: Sequence[OffloadKey],
+        blocks: Sequence[BlockStatus],
+        req_context: ReqContext | None = None,
+    ) -> None:
+        if type(self).insert is not MQCachePolicy.insert:  # a subclass hooks insert: honour it
+            super().insert_many(keys, blocks, req_context)
+            return
+        if len(keys) != len(blocks):
+            raise ValueError(f"{len(keys)} keys but {len(blocks)} blocks")
+        statuses, freqs, queue_of = self._blocks, self._freq, self._queue
+        revived, qout = self._revived, self._qout
+        last_queue = self.num_queues - 1
+        ready = False
+        for key, block in zip(keys, blocks, strict=True):
+            statuses[key] = block
+            if key in revived:  # a Qout hit seen by touch: its count resumes (_insert, inlined)
+                freq = freqs[key] = revived.pop(key) + 1
+                qout.pop(key, None)
+            elif key in qout:  # inserted without a touch: still a Qout hit
+                freq = freqs[key] = qout.pop(key) + 1
+            else:  # a new block: count 1, queue 0, write pending
+                freqs[key] = 1
+                queue_of[key] = -1
+                if block.ref_cnt >= 0:
+                    ready = True
+                continue
+            queue = freq.bit_length() - 1
+            queue_of[key] = ~(queue if queue < last_queue else last_queue)
+            if block.ref_cnt >= 0:
+                ready = True
+        if ready:  # inserted ready: those stores are complete now (nothing above reads them)
+            for key, block in zip(keys, blocks, strict=True):
+                if block.ref_cnt >= 0:
+                    self._complete_store(key)
+
+    def _complete_store(self, key: OffloadKey) -> None:
         """The insertion "access": queue the block, start its lifetime, advance the clock."""
-        entry.written = True
-        if entry.status.ref_cnt == 0:
-            self._queues[entry.queue][key] = None
-        entry.expire = self._now + self.lifetime
+        queue = self._queue[key] = ~self._queue[key]
+        if queue:
+            self._expire[key] = self._now + self.lifetime
+        if self._blocks[key].ref_cnt == 0:
+            self._enqueue(key, queue)
         self._tick()
 
+    def _enqueue(self, key: OffloadKey, queue: int) -> None:
+        """Put ``key`` at ``queue``'s MRU end (the queue's LRU block changes if it was empty)."""
+        self._queues[queue][key] = None
+        if queue:
+            expire = self._expire[key]
+            if expire < self._horizon:
+                self._horizon = expire
+
+    def _dequeue(self, key: OffloadKey, queue: int) -> bool:
+        """Take ``key`` out of ``queue``'s order; False if it was not there."""
+        order = self._queues[queue]
+        if order.pop(key, 0) is not None:
+            return False
+        if queue and order:  # the queue's LRU block may have changed
+            expire = self._expire[next(iter(order))]
+            if expire < self._horizon:
+                self._horizon = expire
+        return True
+
     def remove(self, key: OffloadKey) -> None:
-        entry = self._entries.pop(key, None)
-        if entry is not None:
-            self._queues[entry.queue].pop(key, None)
+        queue = self._queue.pop(key, None)
+        if queue is None:
+            return
+        if queue >= 0:
+            self._dequeue(key, queue)
+        del self._blocks[key], self._freq[key]
+        self._expire.pop(key, None)
 
     def touch(self, keys: Iterable[OffloadKey], req_context: ReqContext | None = None) -> None:
-        entries = self._entries
-        for key in reversed(keys if isinstance(keys, (list, tuple)) else list(keys)):
-            entry = entries.get(key)
-            if entry is None:
-                freq = self._qout.pop(key, None)
-                if freq is not None:
-                    self._revived[key] = freq
-                    if len(self._revived) > max(1, self.cache_capacity):
-                        self._revived.popitem(last=False)
-                continue
-            entry.freq += 1
-            queue = self._queue_for(entry.freq)
-            if self._queues[entry.queue].pop(key, 0) is None:
-                self._queues[queue][key] = None
-            entry.queue = queue
-            entry.expire = self._now + self.lifetime
-            self._tick()
+        keys = keys if isinstance(keys, (list, tuple)) else list(keys)
+        freqs, qout = self._freq, self._qout
+        if not freqs.keys().isdisjoint(keys):  # some are stored: walk them all, in order
+            for key in reversed(keys):
+                if key in freqs:
+                    self._hit(key)
+                elif key in qout:
+                    self._revive(key)
+            return
+        # No hits: only Qout is involved. Qout hits are recorded in walk order, trimmed after.
+        if qout:
+            revived = self._revived
+            for key in reversed(keys):
+                if key in qout:
+                    revived[key] = qout.pop(key)
+            for _ in range(len(revived) - max(1, self.cache_capacity)):
+                revived.popitem(False)
+
+    def _revive(self, key: OffloadKey) -> None:
+        """A Qout hit: keep its count for the insert that follows."""
+        revived = self._revived
+        revived[key] = self._qout.pop(key)
+        if len(revived) > max(1, self.cache_capacity):
+            revived.popitem(False)
+
+    def _hit(self, key: OffloadKey) -> None:
+        """A hit on a stored block: count it, move it to its queue's MRU end, tick."""
+        freq = self._freq[key] = self._freq[key] + 1
+        queue = freq.bit_length() - 1
+        if queue >= self.num_queues:
+            queue = self.num_queues - 1
+        now = self._now
+        old = self._queue[key]
+        if old < 0:  # write pending: not queued; the count and queue still change
+            self._queue[key] = ~queue
+            if queue:
+                self._expire[key] = now + self.lifetime
+        else:
+            self._queue[key] = queue
+            if queue:
+                self._expire[key] = now + self.lifetime
+            queues = self._queues
+            order = queues[old]
+            if order.pop(key, 0) is None:  # it was evictable: it goes to the MRU end
+                queues[queue][key] = None
+                if old and order:  # the old queue's LRU block may have changed
+                    expire = self._expire[next(iter(order))]
+                    if expire < self._horizon:
+                        self._horizon = expire
+                if queue and now + self.lifetime < self._horizon:
+                    self._horizon = now + self.lifetime
+        self._now = now = now + 1
+        if now > self._horizon:
+            self._demote(now)
 
     def _tick(self) -> None:
         """Advance the clock; demote each queue's LRU block whose lifetime has run out."""
         self._now += 1
-        now = self._now
-        queues = self._queues
+        if self._now > self._horizon:
+            self._demote(self._now)
+
+    def _demote(self, now: int) -> None:
+        """Demote each queue's LRU block that expired before ``now``; recompute the horizon."""
+        queues, queue_of, expires = self._queues, self._queue, self._expire
+        renewed = now + self.lifetime
+        horizon: float = _NEVER
         for k in range(1, self.num_queues):
             order = queues[k]
             if not order:
                 continue
             key = next(iter(order))
-            entry = self._entries[key]
-            if entry.expire < now:
+            expire = expires[key]
+            if expire < now:
                 del order[key]
                 queues[k - 1][key] = None
-                entry.queue = k - 1
-                entry.expire = now + self.lifetime
+                queue_of[key] = k - 1
+                if k > 1:
+                    expires[key] = renewed
+                    if renewed < horizon:  # it may be queue k - 1's LRU block now
+                        horizon = renewed
+                else:
+                    del expires[key]
+                if order:
+                    expire = expires[next(iter(order))]
+                    if expire < horizon:
+                        horizon = expire
+            elif expire < horizon:
+                horizon = expire
+        self._horizon = horizon
 
     def evict(self, n: int, protected: Collection[OffloadKey]) -> Victims | None:
         if n <= 0:
             return []
+        # The usual case: the n least recent blocks of the lowest queues, none protected.
+        queues = self._queues
         chosen: list[OffloadKey] = []
-        for order in self._queues:
-            for key in order:
-                if key not in protected:
-                    chosen.append(key)
-                    if len(chosen) == n:
-                        break
-            if len(chosen) == n:
-                break
+        taken: list[tuple[int, list[OffloadKey]]] = []  # (queue, its LRU blocks taken)
+        for queue, order in enumerate(queues):
+            if order:
+                keys = list(islice(order, n - len(chosen)))
+                taken.append((queue, keys))
+                chosen += keys
+                if len(chosen) == n:
+                    break
         else:
             return None
+        if protected and not protected_disjoint(protected, chosen):
+            chosen = []
+            for order in queues:
+                for key in order:
+                    if key not in protected:
+                        chosen.append(key)
+                        if len(chosen) == n:
+                            break
+                if len(chosen) == n:
+                    break
+            else:
+                return None
+            by_queue: dict[int, list[OffloadKey]] = {}
+            queue_of = self._queue
+            for key in chosen:
+                by_queue.setdefault(queue_of[key], []).append(key)
+            taken = list(by_queue.items())
+        above = False
+        for queue, keys in taken:
+            order = queues[queue]
+            for key in keys:
+                del order[key]
+            if queue:
+                above = True
+                if order:  # the queue's LRU block changed
+                    expire = self._expire[next(iter(order))]
+                    if expire < self._horizon:
+                        self._horizon = expire
+        return self._forget_victims(chosen, above)
+
+    def _forget_victims(self, chosen: list[OffloadKey], above: bool) -> Victims:
+        """Drop the chosen (already unqueued) blocks, remember them in Qout; the victims."""
+        statuses, freqs, queue_of, qout = self._blocks, self._freq, self._queue, self._qout
         victims: Victims = []
-        for key in chosen:
-            entry = self._entries.pop(key)
-            del self._queues[entry.queue][key]
-            victims.append((key, entry.status))
-            if self._qout_limit > 0:
-                self._qout[key] = entry.freq
-                if len(self._qout) > self._qout_limit:
-                    self._qout.popitem(last=False)
+        append = victims.append
+        if self._qout_limit > 0:
+            for key in chosen:
+                append((key, statuses.pop(key)))
+                qout[key] = freqs.pop(key)
+                del queue_of[key]
+            for _ in range(len(qout) - self._qout_limit):
+                qout.popitem(False)
+        else:
+            for key in chosen:
+                append((key, statuses.pop(key)))
+                del freqs[key], queue_of[key]
+        if above:
+            pop_expire = self._expire.pop
+            for key in chosen:
+                pop_expire(key, None)
         return victims
 
     def clear(self) -> None:
-        self._entries.clear()
+        for table in (self._blocks, self._freq, self._queue, self._expire):
+            table.clear()
         for order in self._queues:
             order.clear()
         self._qout.clear()
         self._revived.clear()
         self._now = 0
+        self._horizon = _NEVER
 
     def mark_evictable(self, key: OffloadKey) -> None:
-        entry = self._entries.get(key)
-        if entry is not None and not entry.written:
-            self._complete_store(key, entry)
-        elif entry is not None:
-            order = self._queues[entry.queue]
-            order[key] = None
+        queue = self._queue.get(key)
+        if queue is None:
+            return
+        if queue < 0:
+            self._complete_store(key)
+            return
+        order = self._queues[queue]
+        if key in order:
             order.move_to_end(key)
+        else:
+            self._enqueue(key, queue)
+
+    def mark_evictable_many(self, keys: Sequence[OffloadKey]) -> None:
+        if type(self).mark_evictable is not MQCachePolicy.mark_evictable:  # a subclass hook
+            super().mark_evictable_many(keys)
+            return
+        queue_of, queues, statuses, expires = self._queue, self._queues, self._blocks, self._expire
+        first = queues[0]
+        lifetime = self.lifetime
+        # The clock and the horizon in locals; written back before anything that reads them.
+        now, horizon = self._now, self._horizon
+        for key in keys:
+            queue = queue_of.get(key)
+            if queue is None:
+                continue
+            if queue >= 0:  # a load finished: back to its queue's MRU end
+                order = queues[queue]
+                if key in order:
+                    order.move_to_end(key)
+                    continue
+                order[key] = None
+                if queue and expires[key] < horizon:
+                    horizon = expires[key]
+                continue
+            # A store completed (_complete_store, inlined).
+            queue = queue_of[key] = ~queue
+            if queue:
+                expire = expires[key] = now + lifetime
+                if statuses[key].ref_cnt == 0:
+                    queues[queue][key] = None
+                    if expire < horizon:
+                        horizon = expire
+            elif statuses[key].ref_cnt == 0:
+                first[key] = None
+            now += 1
+            if now > horizon:
+                self._now = now
+                self._demote(now)
+                horizon = self._horizon
+        self._now, self._horizon = now, horizon
 
     def mark_non_evictable(self, key: OffloadKey) -> None:
-        entry = self._entries.get(key)
-        if entry is not None:
-            self._queues[entry.queue].pop(key, None)
+        queue = self._queue.get(key)
+        if queue is not None and queue >= 0:
+            self._dequeue(key, queue)
 
     def stats(self) -> Mapping[str, float]:
         stats: dict[str, float] = {
             f"queue{i}_evictable": len(order) for i, order in enumerate(self._queues)
         }
-        stats["blocks"] = len(self._entries)
+        stats["blocks"] = len(self._blocks)
         stats["qout_size"] = len(self._qout)
         stats["clock"] = self._now
         return stats

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import itertools
 from collections import OrderedDict
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping, Sequence
 
 from kvoffload.context import ReqContext
 from kvoffload.keys import OffloadKey
@@ -72,6 +72,7 @@ class PrefixLRUCachePolicy(CachePolicy):
         super().__init__(cache_capacity)
         self._id = next(_INSTANCE_IDS)
         self._nodes: dict[OffloadKey, _Node] = {}
+        self._blocks: dict[OffloadKey, BlockStatus] = {}  # the same keys, for block_table
         # Evictable blocks, least recent first (some may still have children: found on a walk).
         self._order: OrderedDict[OffloadKey, None] = OrderedDict()
         # Evictable blocks found to have cached children, in the order they were deferred.
@@ -125,8 +126,11 @@ class PrefixLRUCachePolicy(CachePolicy):
 
     # ------------------------------------------------------------------ the contract
     def get(self, key: OffloadKey) -> BlockStatus | None:
-        node = self._nodes.get(key)
-        return node.status if node is not None else None
+        return self._blocks.get(key)
+
+    @property
+    def block_table(self) -> Mapping[OffloadKey, BlockStatus]:
+        return self._blocks
 
     def insert(
         self, key: OffloadKey, block: BlockStatus, req_context: ReqContext | None = None
@@ -135,15 +139,59 @@ class PrefixLRUCachePolicy(CachePolicy):
             self.remove(key)
         parent = self._parent_of(key, req_context)
         self._nodes[key] = _Node(key, block, parent)
+        self._blocks[key] = block
         if parent is not None:
             parent.children += 1
         if block.ref_cnt == 0:
             self._order[key] = None
 
+    def insert_many(
+        self,
+        keys: Sequence[OffloadKey],
+        blocks: Sequence[BlockStatus],
+        req_context: ReqContext | None = None,
+    ) -> None:
+        if type(self).insert is not PrefixLRUCachePolicy.insert:  # a subclass hooks insert
+            super().insert_many(keys, blocks, req_context)
+            return
+        # insert for each key, with the chain and the key positions looked up once per key.
+        nodes, statuses, order = self._nodes, self._blocks, self._order
+        chain = self._chain(req_context)
+        pred = chain.pred
+        position = None if req_context is None else req_context.get_offload_key_position
+        last_key: OffloadKey | None = None  # the previous key and its position
+        last_end: int | None = None
+        for key, block in zip(keys, blocks, strict=True):
+            if key in nodes:
+                self.remove(key)
+            if key in pred:
+                parent_key = pred.pop(key)
+            else:  # inserted without a touch first: it follows whatever the request saw last
+                parent_key = chain.last if chain.last != key else None
+                chain.last = key
+            parent = None
+            if position is None:
+                if parent_key is not None:
+                    parent = nodes.get(parent_key)
+            else:
+                key_end = position(key)
+                if parent_key is not None:
+                    parent_end = last_end if parent_key is last_key else position(parent_key)
+                    if parent_end is None or key_end is None or parent_end < key_end:
+                        parent = nodes.get(parent_key)
+                last_key, last_end = key, key_end
+            nodes[key] = _Node(key, block, parent)
+            statuses[key] = block
+            if parent is not None:
+                parent.children += 1
+            if block.ref_cnt == 0:
+                order[key] = None
+
     def remove(self, key: OffloadKey) -> None:
         node = self._nodes.pop(key, None)
         if node is None:
             return
+        del self._blocks[key]
         self._unlist(key)
         self._detach(node)
 
@@ -191,18 +239,32 @@ class PrefixLRUCachePolicy(CachePolicy):
                 if key not in chosen:
                     del order[key]
                     waiting[key] = None
+        pop_status = self._blocks.pop
         victims: Victims = []
+        append = victims.append
         for key in plan.chosen:
             node = nodes.pop(key)
-            self._unlist(key)
+            if key in order:  # _unlist
+                del order[key]
+            else:
+                waiting.pop(key, None)
             if node.children > 0:
                 self._forced += 1
-            self._detach(node)
-            victims.append((key, node.status))
+            # _detach: the parent loses a child and may become a leaf.
+            node.alive = False
+            parent, node.parent = node.parent, None
+            if parent is not None and parent.alive:
+                parent.children -= 1
+                if parent.children == 0 and parent.key in waiting:
+                    del waiting[parent.key]
+                    order[parent.key] = None
+                    order.move_to_end(parent.key, last=False)
+            append((key, pop_status(key)))
         return victims
 
     def clear(self) -> None:
         self._nodes.clear()
+        self._blocks.clear()
         self._order.clear()
         self._waiting.clear()
         self._anonymous = _Chain()
@@ -213,6 +275,20 @@ class PrefixLRUCachePolicy(CachePolicy):
             self._waiting.pop(key, None)
             self._order[key] = None
             self._order.move_to_end(key)
+
+    def mark_evictable_many(self, keys: Sequence[OffloadKey]) -> None:
+        if type(self).mark_evictable is not PrefixLRUCachePolicy.mark_evictable:  # a subclass hook
+            super().mark_evictable_many(keys)
+            return
+        nodes, order, waiting = self._nodes, self._order, self._waiting
+        for key in keys:
+            if key in nodes:
+                if key in order:
+                    order.move_to_end(key)
+                else:
+                    if key in waiting:
+                        del waiting[key]
+                    order[key] = None
 
     def mark_non_evictable(self, key: OffloadKey) -> None:
         self._unlist(key)
@@ -272,22 +348,39 @@ class _EvictionPlan:
 
     def take_leaves(self, order: Iterable[OffloadKey], n: int) -> None:
         """Walk the LRU order; a parent freed behind the walk is the next victim."""
-        nodes, protected = self.nodes, self.protected
+        nodes, protected, waiting = self.nodes, self.protected, self.waiting
+        chosen, deferred, deferred_set, gone = (
+            self.chosen, self.deferred, self._deferred_set, self._gone
+        )
         walk = iter(order)
         released: _Node | None = None
-        while len(self.chosen) < n:
+        while len(chosen) < n:
             if released is not None:
-                released = self._choose(released)
+                node = released
+            else:
+                key = next(walk, None)
+                if key is None:
+                    return
+                node = nodes[key]
+                if node.children and node.children - gone.get(key, 0) > 0:
+                    deferred.append(key)
+                    deferred_set.add(key)
+                    continue
+                if key in protected:
+                    continue
+            # _choose(node), inlined: take it; its parent is next if that just became a
+            # deferred, free leaf.
+            chosen.append(node.key)
+            released = None
+            parent = node.parent
+            if parent is None or not parent.alive:
                 continue
-            key = next(walk, None)
-            if key is None:
-                return
-            node = nodes[key]
-            if node.children and self._children_left(node) > 0:
-                self.deferred.append(key)
-                self._deferred_set.add(key)
-            elif key not in protected:
-                released = self._choose(node)
+            parent_key = parent.key
+            taken = gone[parent_key] = gone.get(parent_key, 0) + 1
+            if parent.children - taken > 0 or parent_key in protected:
+                continue
+            if parent_key in waiting or parent_key in deferred_set:
+                released = parent
 
     def take_forced(self, n: int) -> None:
         """No free leaf is left: take deferred blocks, those with no evictable descendant first."""

@@ -53,10 +53,12 @@ import itertools
 import math
 from collections import OrderedDict
 from collections.abc import Collection, Iterable, Mapping, Sequence
+from itertools import islice
 
 from kvoffload.context import ReqContext
 from kvoffload.keys import OffloadKey
 from kvoffload.policies.base import BlockStatus, CachePolicy, Victims
+from kvoffload.policies.lru import protected_disjoint
 
 _INSTANCE_IDS = itertools.count()
 _POSITION_WEIGHTS = tuple(1.0 / math.log2(position + 2) for position in range(1024))
@@ -81,25 +83,14 @@ class _Session:
     def __init__(self, sid: int, name: str | None, last_touch: int, prefix_depth: int) -> None:
         self.sid = sid
         self.name = name
-        self.keys: dict[OffloadKey, None] = {}  # insertion order: the tail is last
+        # Its blocks in insertion order (the tail is last), each with whether it is evictable.
+        self.keys: dict[OffloadKey, bool] = {}
         self.hits = 0.0
         self.last_touch = last_touch
         self.prefix_depth = prefix_depth
         self.evictable = 0  # blocks with ref_cnt 0
         self.in_heap = False  # the session has its (one) heap entry
         self.alive = True
-
-
-class _Block:
-    """A stored block: status, owning session, scaled ghost score, evictability."""
-
-    __slots__ = ("evictable", "ghost", "session", "status")
-
-    def __init__(self, status: BlockStatus, session: _Session, ghost: float) -> None:
-        self.status = status
-        self.session = session
-        self.ghost = ghost
-        self.evictable = status.ref_cnt == 0
 
 
 class _Request:
@@ -187,7 +178,11 @@ class SAECachePolicy(CachePolicy):
         self._id = next(_INSTANCE_IDS)
         self._epoch = 0  # bumped by clear: older per-request state is ignored
         self._next_sid = 0  # never reset, so a stale session id cannot alias a new session
-        self._blocks: dict[OffloadKey, _Block] = {}
+        # Stored blocks, one dict per field: status, owning session, scaled ghost score (whether
+        # a block is evictable is kept in its session's ``keys``).
+        self._statuses: dict[OffloadKey, BlockStatus] = {}
+        self._session_of: dict[OffloadKey, _Session] = {}
+        self._ghost_of: dict[OffloadKey, float] = {}
         self._sessions: dict[int, _Session] = {}
         self._named: dict[str, _Session] = {}
         self._heap: list[tuple[float, int]] = []  # (score lower bound, sid)
@@ -313,8 +308,9 @@ class SAECachePolicy(CachePolicy):
 
     def ghost_score(self, key: OffloadKey) -> float:
         """``key``'s current ghost score (stored or not), 0 if it has none."""
-        block = self._blocks.get(key)
-        stored = block.ghost if block is not None else self._ghosts.get(key, 0.0)
+        stored = self._ghost_of.get(key)
+        if stored is None:
+            stored = self._ghosts.get(key, 0.0)
         return self._ghost_value(stored)
 
     def _decay(self) -> None:
@@ -322,8 +318,9 @@ class SAECachePolicy(CachePolicy):
         self._scale *= self.decay_factor
         if self._scale < _RESCALE_BELOW:
             scale = self._scale
-            for block in self._blocks.values():
-                block.ghost *= scale
+            ghost_of = self._ghost_of
+            for key in ghost_of:
+                ghost_of[key] *= scale
             for key in self._ghosts:
                 self._ghosts[key] *= scale
             self._scale = 1.0
@@ -333,13 +330,16 @@ class SAECachePolicy(CachePolicy):
 
     # ------------------------------------------------------------------ the contract
     def get(self, key: OffloadKey) -> BlockStatus | None:
-        block = self._blocks.get(key)
-        return block.status if block is not None else None
+        return self._statuses.get(key)
+
+    @property
+    def block_table(self) -> Mapping[OffloadKey, BlockStatus]:
+        return self._statuses
 
     def insert(
         self, key: OffloadKey, block: BlockStatus, req_context: ReqContext | None = None
     ) -> None:
-        if key in self._blocks:
+        if key in self._session_of:
             self.remove(key)
         state = self._request(req_context)
         session = state.session
@@ -347,23 +347,60 @@ class SAECachePolicy(CachePolicy):
             session = self._session_for_insert(state, req_context)
         stored_ghost = self._ghosts.pop(key, 0.0)
         ghost = self._ghost_value(stored_ghost)
-        entry = _Block(block, session, stored_ghost if ghost else 0.0)
-        self._blocks[key] = entry
-        session.keys[key] = None
+        evictable = block.ref_cnt == 0
+        self._statuses[key] = block
+        self._session_of[key] = session
+        self._ghost_of[key] = stored_ghost if ghost else 0.0
+        session.keys[key] = evictable
         if state.fresh and ghost:
             session.hits += ghost / self.ghost_norm  # a growing score needs no heap work
-        if entry.evictable:
+        if evictable:
             session.evictable += 1
             self._num_evictable += 1
             self._queue(session)
 
-    def remove(self, key: OffloadKey) -> None:
-        entry = self._blocks.pop(key, None)
-        if entry is None:
+    def insert_many(
+        self,
+        keys: Sequence[OffloadKey],
+        blocks: Sequence[BlockStatus],
+        req_context: ReqContext | None = None,
+    ) -> None:
+        if type(self).insert is not SAECachePolicy.insert:  # a subclass hooks insert: honour it
+            super().insert_many(keys, blocks, req_context)
             return
-        session = entry.session
-        del session.keys[key]
-        if entry.evictable:
+        # insert for each key, with the request's state looked up once.
+        statuses, session_of, ghost_of = self._statuses, self._session_of, self._ghost_of
+        ghosts = self._ghosts
+        scale, threshold, norm = self._scale, self.ghost_prune_threshold, self.ghost_norm
+        state = self._request(req_context)
+        for key, block in zip(keys, blocks, strict=True):
+            if key in session_of:
+                self.remove(key)
+            session = state.session
+            if session is None or not session.alive:
+                session = self._session_for_insert(state, req_context)
+            stored_ghost = ghosts.pop(key, 0.0)
+            ghost = stored_ghost * scale  # _ghost_value, inlined
+            if ghost < threshold:
+                ghost = 0.0
+            evictable = block.ref_cnt == 0
+            statuses[key] = block
+            session_of[key] = session
+            ghost_of[key] = stored_ghost if ghost else 0.0
+            session.keys[key] = evictable
+            if ghost and state.fresh:
+                session.hits += ghost / norm  # a growing score needs no heap work
+            if evictable:
+                session.evictable += 1
+                self._num_evictable += 1
+                self._queue(session)
+
+    def remove(self, key: OffloadKey) -> None:
+        session = self._session_of.pop(key, None)
+        if session is None:
+            return
+        del self._statuses[key], self._ghost_of[key]
+        if session.keys.pop(key):
             session.evictable -= 1
             self._num_evictable -= 1
         if not session.keys:
@@ -375,26 +412,36 @@ class SAECachePolicy(CachePolicy):
         state = self._request(req_context)
         self._time += 1
         now = self._time
-        blocks, scale = self._blocks, self._scale
+        session_of, ghost_of, statuses = self._session_of, self._ghost_of, self._statuses
+        ghosts, scale = self._ghosts, self._scale
         hit_weight, miss_weight = self.ghost_hit_weight, self.ghost_miss_weight
+        threshold, capacity = self.ghost_prune_threshold, self.ghost_capacity
+        weights, last = _POSITION_WEIGHTS, len(_POSITION_WEIGHTS) - 1
         touched: dict[int, _Session] = {}
+        position = state.position
         for key in keys:
-            position = state.position
-            state.position += 1
-            weight = _POSITION_WEIGHTS[min(position, len(_POSITION_WEIGHTS) - 1)]
-            entry = blocks.get(key)
-            if entry is None:
-                stored = self._ghosts.pop(key, 0.0)
-                if not self._ghost_value(stored):
+            weight = weights[position if position < last else last]
+            position += 1
+            session = session_of.get(key)
+            if session is None:
+                if key in ghosts:
+                    stored = ghosts.pop(key)
+                    value = stored * scale  # _ghost_value, inlined: 0 below the threshold
+                    if not (value >= threshold and value):
+                        stored = 0.0
+                else:
                     stored = 0.0
-                self._remember_ghost(key, stored + weight * miss_weight / scale)
+                # _remember_ghost, inlined (one at a time: a later key may be a dropped one)
+                ghosts[key] = stored + weight * miss_weight / scale
+                if len(ghosts) > capacity:
+                    ghosts.popitem(False)
                 continue
-            ready = entry.status.ref_cnt >= 0
-            entry.ghost += weight * (hit_weight if ready else miss_weight) / scale
-            session = entry.session
+            ready = statuses[key].ref_cnt >= 0
+            ghost_of[key] += weight * (hit_weight if ready else miss_weight) / scale
             touched[session.sid] = session
             state.pointer = session
             state.resident += 1
+        state.position = position
         for session in touched.values():
             session.hits += 1.0
             session.last_touch = now
@@ -407,7 +454,6 @@ class SAECachePolicy(CachePolicy):
             return []
         if n > self._num_evictable:
             return None
-        blocks = self._blocks
         popped: list[_Session] = []
         chosen: list[OffloadKey] = []
         while len(chosen) < n:
@@ -416,8 +462,13 @@ class SAECachePolicy(CachePolicy):
                 break
             popped.append(session)
             left = session.evictable
-            for key in reversed(session.keys):
-                if not blocks[key].evictable:
+            if left == len(session.keys):  # all idle: its tail, unless a key is protected
+                tail = list(islice(reversed(session.keys), n - len(chosen)))
+                if not protected or protected_disjoint(protected, tail):
+                    chosen += tail
+                    continue
+            for key, idle in reversed(session.keys.items()):
+                if not idle:
                     continue
                 left -= 1
                 if key not in protected:
@@ -430,27 +481,39 @@ class SAECachePolicy(CachePolicy):
             for session in popped:
                 self._queue(session)
             return None
-        victims = [self._evict_one(key) for key in chosen]
+        victims = self._evict_chosen(chosen)
         for session in popped:
             if session.alive:
                 self._queue(session)
         return victims
 
-    def _evict_one(self, key: OffloadKey) -> tuple[OffloadKey, BlockStatus]:
-        entry = self._blocks.pop(key)
-        session = entry.session
-        del session.keys[key]
-        session.evictable -= 1
-        self._num_evictable -= 1
-        if not session.keys:
-            self._drop_session(session)
-        if entry.ghost and self.ghost_capacity:
-            self._remember_ghost(key, entry.ghost)
-        return key, entry.status
+    def _evict_chosen(self, chosen: list[OffloadKey]) -> Victims:
+        """Drop the chosen (evictable) blocks, remembering their ghosts; the victims."""
+        session_of, ghost_of, pop_status = self._session_of, self._ghost_of, self._statuses.pop
+        ghosts = self._ghosts
+        remember = self.ghost_capacity > 0
+        victims: Victims = []
+        append = victims.append
+        for key in chosen:
+            session = session_of.pop(key)
+            del session.keys[key]
+            session.evictable -= 1
+            if not session.keys:
+                self._drop_session(session)
+            ghost = ghost_of.pop(key)
+            if ghost and remember:
+                ghosts[key] = ghost  # _remember_ghost; victims are never in the table
+            append((key, pop_status(key)))
+        self._num_evictable -= len(chosen)
+        for _ in range(len(ghosts) - self.ghost_capacity):  # the table's bound, once at the end
+            ghosts.popitem(False)
+        return victims
 
     def clear(self) -> None:
         self._epoch += 1
-        self._blocks.clear()
+        self._statuses.clear()
+        self._session_of.clear()
+        self._ghost_of.clear()
         self._sessions.clear()
         self._named.clear()
         self._heap.clear()
@@ -462,20 +525,37 @@ class SAECachePolicy(CachePolicy):
         self._anonymous = _Request(self._epoch)
 
     def mark_evictable(self, key: OffloadKey) -> None:
-        entry = self._blocks.get(key)
-        if entry is None or entry.evictable:
+        session = self._session_of.get(key)
+        if session is None or session.keys[key]:
             return
-        entry.evictable = True
-        entry.session.evictable += 1
+        session.keys[key] = True
+        session.evictable += 1
         self._num_evictable += 1
-        self._queue(entry.session)
+        self._queue(session)
+
+    def mark_evictable_many(self, keys: Sequence[OffloadKey]) -> None:
+        if type(self).mark_evictable is not SAECachePolicy.mark_evictable:  # a subclass hook
+            super().mark_evictable_many(keys)
+            return
+        session_of = self._session_of
+        count = 0
+        for key in keys:
+            session = session_of.get(key)
+            if session is None or session.keys[key]:
+                continue
+            session.keys[key] = True
+            session.evictable += 1
+            count += 1
+            if not session.in_heap:
+                self._queue(session)
+        self._num_evictable += count
 
     def mark_non_evictable(self, key: OffloadKey) -> None:
-        entry = self._blocks.get(key)
-        if entry is None or not entry.evictable:
+        session = self._session_of.get(key)
+        if session is None or not session.keys[key]:
             return
-        entry.evictable = False
-        entry.session.evictable -= 1
+        session.keys[key] = False
+        session.evictable -= 1
         self._num_evictable -= 1
 
     def on_request_finished(self, req_context: ReqContext) -> None:
@@ -490,7 +570,7 @@ class SAECachePolicy(CachePolicy):
         Yes when no eviction is needed, when the request continues a live session, or when a
         new session's score (``now + depth bonus``) is at least the worst resident session's.
         """
-        if len(self._blocks) + num_new_blocks <= self.cache_capacity:
+        if len(self._statuses) + num_new_blocks <= self.cache_capacity:
             return True
         state = self._request(req_context)
         if state.session is not None and state.session.alive:
@@ -507,10 +587,9 @@ class SAECachePolicy(CachePolicy):
 
     def session_info(self, key: OffloadKey) -> dict[str, float] | None:
         """The session holding ``key``: its id, score and score terms, or ``None``."""
-        block = self._blocks.get(key)
-        if block is None:
+        session = self._session_of.get(key)
+        if session is None:
             return None
-        session = block.session
         return {
             "session": session.sid,
             "score": self.session_score(session),
@@ -522,7 +601,7 @@ class SAECachePolicy(CachePolicy):
 
     def stats(self) -> Mapping[str, float]:
         return {
-            "blocks": len(self._blocks),
+            "blocks": len(self._statuses),
             "evictable": self._num_evictable,
             "sessions": len(self._sessions),
             "ghosts": len(self._ghosts),

@@ -33,12 +33,14 @@ so a failed ``evict`` changes nothing.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from itertools import islice
 
 from kvoffload.context import ReqContext
 from kvoffload.keys import OffloadKey
 from kvoffload.policies.base import BlockStatus, CachePolicy, Victims
 from kvoffload.policies.frequency_sketch import FrequencySketch
+from kvoffload.policies.lru import protected_disjoint
 
 WINDOW, PROBATION, PROTECTED = 0, 1, 2
 STEP_FRACTION = 0.0625
@@ -88,8 +90,12 @@ class WTinyLFUCachePolicy(CachePolicy):
             cache_capacity, sample_size=self._sample_size, doorkeeper=doorkeeper
         )
         self._blocks: dict[OffloadKey, BlockStatus] = {}
-        self._region: dict[OffloadKey, int] = {}
+        # The region of every block that is not evictable (pending or pinned); an evictable
+        # block's region is the order that holds it.
+        self._parked: dict[OffloadKey, int] = {}
         self._hash: dict[OffloadKey, int] = {}  # sketch hash of every resident block
+        # Sketch hashes of the last touch's keys, for the inserts that usually follow it.
+        self._touched: dict[OffloadKey, int] = {}
         self._sizes = [0, 0, 0]  # resident blocks per region, pinned included
         # Evictable blocks per region, LRU first.
         self._orders: tuple[OrderedDict[OffloadKey, None], ...] = (
@@ -119,30 +125,97 @@ class WTinyLFUCachePolicy(CachePolicy):
     def get(self, key: OffloadKey) -> BlockStatus | None:
         return self._blocks.get(key)
 
+    @property
+    def block_table(self) -> Mapping[OffloadKey, BlockStatus]:
+        return self._blocks
+
     def insert(
         self, key: OffloadKey, block: BlockStatus, req_context: ReqContext | None = None
     ) -> None:
+        known = self._touched.pop(key, None)
         self._blocks[key] = block
-        self._hash[key] = self._sketch.key_hash(key)
-        self._region[key] = WINDOW
+        self._hash[key] = self._sketch.key_hash(key) if known is None else known
         self._sizes[WINDOW] += 1
         if block.ref_cnt == 0:
             self._orders[WINDOW][key] = None
+        else:
+            self._parked[key] = WINDOW
+
+    def insert_many(
+        self,
+        keys: Sequence[OffloadKey],
+        blocks: Sequence[BlockStatus],
+        req_context: ReqContext | None = None,
+    ) -> None:
+        if type(self).insert is not WTinyLFUCachePolicy.insert:  # a subclass hooks insert
+            super().insert_many(keys, blocks, req_context)
+            return
+        hashes, parked, window = self._hash, self._parked, self._orders[WINDOW]
+        touched, key_hash = self._touched, self._sketch.key_hash
+        for key, block in zip(keys, blocks, strict=True):
+            known = touched.get(key)
+            hashes[key] = key_hash(key) if known is None else known
+            if block.ref_cnt == 0:
+                window[key] = None
+            else:
+                parked[key] = WINDOW
+        self._touched = {}
+        self._blocks.update(zip(keys, blocks, strict=True))
+        self._sizes[WINDOW] += len(keys)
+
+    def _region_of(self, key: OffloadKey) -> int | None:
+        """The region of a stored block, ``None`` if not stored."""
+        region = self._parked.get(key)
+        if region is not None:
+            return region
+        window, probation, protected = self._orders
+        if key in probation:
+            return PROBATION
+        if key in protected:
+            return PROTECTED
+        if key in window:
+            return WINDOW
+        return None
 
     def remove(self, key: OffloadKey) -> None:
         if self._blocks.pop(key, None) is None:
             return
         del self._hash[key]
-        region = self._region.pop(key)
+        parked = self._parked.pop(key, None)
+        if parked is not None:
+            region = parked
+        else:  # evictable: in one of the orders
+            region = next(i for i, order in enumerate(self._orders) if key in order)
+            del self._orders[region][key]
         self._sizes[region] -= 1
-        self._orders[region].pop(key, None)
 
     def touch(self, keys: Iterable[OffloadKey], req_context: ReqContext | None = None) -> None:
-        sketch, hashes = self._sketch, self._hash
-        for key in reversed(keys if isinstance(keys, (list, tuple)) else list(keys)):
-            key_hash = hashes.get(key)
-            sketch.increment_hash(sketch.key_hash(key) if key_hash is None else key_hash)
-            region = self._region.get(key)
+        walk = list(reversed(keys if isinstance(keys, (list, tuple)) else list(keys)))
+        blocks, sketch = self._blocks, self._sketch
+        # The sketch first (it reads nothing else): one use per key, tail to head. The hashes of
+        # the keys are kept for the insert that usually follows.
+        if blocks.keys().isdisjoint(walk):  # all misses: the usual store
+            walk_hashes = sketch.key_hashes(walk)
+            sketch.increment_hashes(walk_hashes)
+            self._touched = dict(zip(walk, walk_hashes, strict=True))
+            if not self.adaptive or self._hits + self._misses + len(walk) < self._sample_size:
+                self._misses += len(walk)  # no hill-climbing step falls in this call
+                return
+        else:
+            hashes, key_hash = self._hash, sketch.key_hash
+            touched: dict[OffloadKey, int] = {}  # the keys that are not stored
+            walk_hashes = []
+            for key in walk:
+                known = hashes.get(key)
+                if known is None:
+                    known = touched.get(key)
+                    if known is None:
+                        known = touched[key] = key_hash(key)
+                walk_hashes.append(known)
+            sketch.increment_hashes(walk_hashes)
+            self._touched = touched
+        for key in walk:
+            region = self._region_of(key)
             if region is None:
                 self._misses += 1
             else:
@@ -158,9 +231,10 @@ class WTinyLFUCachePolicy(CachePolicy):
     def _move(self, key: OffloadKey, src: int, dst: int) -> None:
         self._sizes[src] -= 1
         self._sizes[dst] += 1
-        self._region[key] = dst
         if self._orders[src].pop(key, 0) is None:
             self._orders[dst][key] = None
+        else:
+            self._parked[key] = dst
 
     def _demote_protected_surplus(self) -> None:
         order = self._orders[PROTECTED]
@@ -185,78 +259,144 @@ class WTinyLFUCachePolicy(CachePolicy):
         self._set_limits()
         self._demote_protected_surplus()
 
-    def _first_eligible(self, region: int, protected: Collection[OffloadKey]) -> OffloadKey | None:
-        for key in self._orders[region]:
-            if key not in protected:
-                return key
-        return None
-
-    def _take(self, key: OffloadKey) -> tuple[OffloadKey, BlockStatus]:
-        region = self._region.pop(key)
-        self._sizes[region] -= 1
-        del self._orders[region][key]
-        del self._hash[key]
-        return key, self._blocks.pop(key)
-
-    def _evict_one(self, protected: Collection[OffloadKey]) -> tuple[OffloadKey, BlockStatus]:
-        sizes = self._sizes
-        while True:
-            candidate = self._first_eligible(WINDOW, protected)
-            if candidate is not None and sizes[WINDOW] >= self._window_limit:
-                if sizes[PROBATION] + sizes[PROTECTED] < self.cache_capacity - self._window_limit:
-                    self._move(candidate, WINDOW, PROBATION)  # main has room: no duel yet
-                    continue
-                victim = self._first_eligible(PROBATION, protected)
-                if victim is None:
-                    victim = self._first_eligible(PROTECTED, protected)
-                estimate, hashes = self._sketch.estimate_hash, self._hash
-                if victim is not None and estimate(hashes[candidate]) > estimate(hashes[victim]):
-                    self._move(candidate, WINDOW, PROBATION)
-                    return self._take(victim)
-                return self._take(candidate)
-            for region in (PROBATION, PROTECTED, WINDOW):
-                victim = self._first_eligible(region, protected)
-                if victim is not None:
-                    return self._take(victim)
-            raise RuntimeError("no eligible block although evict checked there was one")
-
     def evict(self, n: int, protected: Collection[OffloadKey]) -> Victims | None:
         if n <= 0:
             return []
         if not isinstance(protected, (set, frozenset)):
             protected = set(protected)
-        evictable = sum(len(order) for order in self._orders)
-        region_of, orders = self._region.get, self._orders
-        blocked = 0
-        for key in protected:
-            region = region_of(key)
-            if region is not None and key in orders[region]:
-                blocked += 1
-        if n > evictable - blocked:
-            return None
-        return [self._evict_one(protected) for _ in range(n)]
+        orders = self._orders
+        window, probation, main_protected = orders
+        evictable = len(window) + len(probation) + len(main_protected)
+        if n + len(protected) > evictable:  # protected keys might leave too few: count them
+            blocked = sum(len(order.keys() & protected) for order in orders)
+            if n > evictable - blocked:
+                return None
+        # One eviction at a time: while the window holds at least its limit, its least recent
+        # eligible block (the candidate) moves to probation if main has room, else duels the
+        # main cache's first eligible block; otherwise the first eligible block of probation,
+        # protected, then the window goes. Moves free nothing, and a duel keeps main's size,
+        # so the steps come in phases: moves, then duels, then plain takes; each phase is
+        # done in one pass.
+        sizes, hashes, statuses = self._sizes, self._hash, self._blocks
+        window_limit = self._window_limit
+        main_limit = self.cache_capacity - window_limit
+        victims: Victims = []
+        moves = min(
+            sizes[WINDOW] - window_limit + 1, main_limit - sizes[PROBATION] - sizes[PROTECTED]
+        )
+        if moves > 0 and window:
+            moved = list(islice(window, moves))
+            if protected and not protected_disjoint(protected, moved):
+                moved = []
+                for key in window:
+                    if key not in protected:
+                        moved.append(key)
+                        if len(moved) == moves:
+                            break
+            for key in moved:
+                del window[key]
+                probation[key] = None
+            sizes[WINDOW] -= len(moved)
+            sizes[PROBATION] += len(moved)
+        estimate = self._sketch.estimate_hash
+        while len(victims) < n and sizes[WINDOW] >= window_limit:  # duels
+            candidate = victim = None
+            for key in window:
+                if key not in protected:
+                    candidate = key
+                    break
+            if candidate is None:
+                break
+            region = PROBATION
+            for key in probation:
+                if key not in protected:
+                    victim = key
+                    break
+            else:
+                region = PROTECTED
+                for key in main_protected:
+                    if key not in protected:
+                        victim = key
+                        break
+            if victim is not None and estimate(hashes[candidate]) > estimate(hashes[victim]):
+                del window[candidate]
+                probation[candidate] = None
+                sizes[WINDOW] -= 1
+                sizes[PROBATION] += 1
+            else:
+                victim, region = candidate, WINDOW
+            del orders[region][victim], hashes[victim]
+            sizes[region] -= 1
+            victims.append((victim, statuses.pop(victim)))
+        left = n - len(victims)
+        if left:  # plain takes: the first eligible blocks of probation, protected, window
+            taken = list(islice(probation, left))
+            if len(taken) == left and (not protected or protected_disjoint(protected, taken)):
+                for key in taken:  # the usual case: all from probation
+                    del probation[key], hashes[key]
+                sizes[PROBATION] -= left
+                pop = statuses.pop
+                victims += [(key, pop(key)) for key in taken]
+                return victims
+            for region in (PROBATION, PROTECTED, WINDOW):
+                order = orders[region]
+                taken = []
+                for key in order:
+                    if key not in protected:
+                        taken.append(key)
+                        if len(taken) == left:
+                            break
+                for key in taken:
+                    del order[key], hashes[key]
+                    victims.append((key, statuses.pop(key)))
+                sizes[region] -= len(taken)
+                left -= len(taken)
+                if not left:
+                    break
+            else:
+                raise RuntimeError("no eligible block although evict checked there was one")
+        return victims
 
     def clear(self) -> None:
         self._blocks.clear()
-        self._region.clear()
+        self._parked.clear()
         self._hash.clear()
         self._sizes = [0, 0, 0]
         for order in self._orders:
             order.clear()
         self._sketch.clear()
+        self._touched = {}
         self._reset_window()
 
     def mark_evictable(self, key: OffloadKey) -> None:
-        region = self._region.get(key)
+        region = self._parked.pop(key, None)
         if region is not None:
-            order = self._orders[region]
-            order[key] = None
-            order.move_to_end(key)
+            self._orders[region][key] = None
+            return
+        region = self._region_of(key)  # already evictable (or not stored)
+        if region is not None:
+            self._orders[region].move_to_end(key)
+
+    def mark_evictable_many(self, keys: Sequence[OffloadKey]) -> None:
+        if type(self).mark_evictable is not WTinyLFUCachePolicy.mark_evictable:  # a subclass hook
+            super().mark_evictable_many(keys)
+            return
+        parked, orders = self._parked, self._orders
+        for key in keys:
+            region = parked.pop(key, None)
+            if region is not None:
+                orders[region][key] = None
+            else:
+                self.mark_evictable(key)
 
     def mark_non_evictable(self, key: OffloadKey) -> None:
-        region = self._region.get(key)
-        if region is not None:
-            self._orders[region].pop(key, None)
+        if key in self._parked:
+            return
+        for region, order in enumerate(self._orders):
+            if key in order:
+                del order[key]
+                self._parked[key] = region
+                return
 
     def stats(self) -> Mapping[str, float]:
         return {
