@@ -29,6 +29,13 @@ def test_readme_policy_example_runs() -> None:
         del sys.modules["readme_example"]
 
 
+def test_readme_manager_example_runs() -> None:
+    namespace: dict[str, object] = {}
+    exec(compile(_python_blocks()[1], "README.md", "exec"), namespace)
+    stats = namespace["manager"].get_stats()  # type: ignore[attr-defined]
+    assert stats.stored_blocks == 8 and stats.stores_completed == 8
+
+
 def test_readme_has_both_fresh_machine_commands() -> None:
     text = (REPO_ROOT / "README.md").read_text()
     assert re.search(r"^pip install .*&& kvoffload simulate$", text, flags=re.M)
