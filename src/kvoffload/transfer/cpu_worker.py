@@ -8,8 +8,10 @@ How a job runs:
 * The job becomes a list of ``(destination, source)`` views: for every layer view, one pair
   per run of chunks whose slots and device blocks both advance by one, made by
   ``tensor_split`` (no Python loop per block per layer).
-* All pairs are copied by one ``torch._foreach_copy_`` call: one pass over the bytes, torch
-  releases the GIL, and it parallelises each large copy with its own intra-op threads.
+* The pairs are copied by ``torch._foreach_copy_``: one pass over the bytes, with the GIL
+  released. A fused list copy of page-sized views runs on one thread while one big ``copy_``
+  uses every intra-op thread, so a large job is cut into that many byte-balanced shares
+  copied in parallel (512-token blocks in random slots: 0.47 -> 0.70-0.75 of the ceiling).
 
 Why not ``index_select`` into a staging tensor plus ``index_copy_``: that moves every byte
 twice and measured 0.16-0.42 of the same-run copy ceiling (docs/data-plane.md).
@@ -22,6 +24,8 @@ import queue
 import threading
 import time
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from itertools import pairwise
 
 import torch
 
@@ -84,14 +88,44 @@ class RowRuns:
         return self._dst.pick(matrix)
 
 
-def copy_pairs(dst: list[torch.Tensor], src: list[torch.Tensor]) -> None:
-    """``dst[i].copy_(src[i])`` for all i in one call (torch's fused list copy when present)."""
+_SPLIT_BYTES = 8 << 20  # below this a job is copied by the calling thread alone
+_pool: ThreadPoolExecutor | None = None
+
+
+def _copy_serial(dst: list[torch.Tensor], src: list[torch.Tensor]) -> None:
     foreach_copy = getattr(torch, "_foreach_copy_", None)
     if foreach_copy is not None:
         foreach_copy(dst, src)
         return
     for d, s in zip(dst, src, strict=True):
         d.copy_(s)
+
+
+def copy_pairs(dst: list[torch.Tensor], src: list[torch.Tensor]) -> None:
+    """``dst[i].copy_(src[i])`` for all i, split across torch's intra-op thread count.
+
+    A fused list copy of many page-sized views runs on one thread, while one large ``copy_``
+    uses every intra-op thread; so a large job is cut into that many byte-balanced shares,
+    copied in parallel (torch releases the GIL).
+    """
+    global _pool
+    threads = torch.get_num_threads()
+    total = sum(t.numel() * t.element_size() for t in dst)
+    if threads <= 1 or len(dst) < 2 * threads or total < _SPLIT_BYTES:
+        _copy_serial(dst, src)
+        return
+    if _pool is None:
+        _pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="kvoffload-copy")
+    share = total / threads
+    cuts, acc = [0], 0
+    for i, t in enumerate(dst):
+        acc += t.numel() * t.element_size()
+        if acc >= share * len(cuts) and len(cuts) < threads:
+            cuts.append(i + 1)
+    cuts.append(len(dst))
+    futures = [_pool.submit(_copy_serial, dst[a:b], src[a:b]) for a, b in pairwise(cuts) if b > a]
+    for future in futures:
+        future.result()
 
 
 class CPUTransferWorker(TransferWorker):
