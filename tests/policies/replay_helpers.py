@@ -10,7 +10,9 @@ from typing import Any
 
 import pytest
 
+from kvoffload.context import ReqContext
 from kvoffload.keys import OffloadKey
+from kvoffload.manager import CPUOffloadingManager, LookupResult
 from kvoffload.policies.base import BlockStatus, CachePolicy
 from kvoffload.testing import int_key
 
@@ -109,3 +111,52 @@ def victim_ids(victims: list[tuple[OffloadKey, BlockStatus]] | None) -> list[int
     if victims is None:
         return None
     return [int.from_bytes(key[:8], "big", signed=True) for key, _ in victims]
+
+
+# --------------------------------------------------- batched calls vs single calls
+def manager_decisions(policy: CachePolicy, capacity: int, seed: int = 5) -> list[object]:
+    """Every decision of a manager over overlapping requests (loads pinned across other
+    stores, some failed writes): it hands the policy batched inserts and completions."""
+    rng = random.Random(seed)
+    manager = CPUOffloadingManager(capacity, cache_policy=policy)
+    log: list[object] = []
+    inflight: list[tuple[ReqContext, list[OffloadKey], list[OffloadKey]]] = []
+    for index in range(300):
+        head = rng.randrange(30)
+        keys = [int_key(head * 1000 + i) for i in range(rng.randint(1, 24))]
+        ctx = ReqContext(req_id=str(index))
+        ctx.set_key_positions(keys, 16)
+        manager.on_new_request(ctx)
+        hits = 0
+        while hits < len(keys) and manager.lookup(keys[hits], ctx) is LookupResult.HIT:
+            hits += 1
+        if hits:
+            manager.prepare_load(keys[:hits], ctx)
+        out = manager.prepare_store(keys[hits:], ctx) if hits < len(keys) else None
+        stored = out.keys_to_store if out is not None else []
+        log.append((hits, stored, out.evicted_keys if out is not None else None))
+        inflight.append((ctx, keys[:hits], stored))
+        while len(inflight) > 3 or (inflight and rng.random() < 0.4):
+            done, loads, stores = inflight.pop(rng.randrange(len(inflight)))
+            if loads:
+                manager.complete_load(loads, done)
+            if stores:
+                manager.complete_store(stores, done, success=rng.random() > 0.1)
+            manager.on_request_finished(done)
+    log.append(sorted(manager.get_stats().as_dict().items()))
+    return log
+
+
+def one_at_a_time(policy_cls: type[CachePolicy]) -> type[CachePolicy]:
+    """A subclass overriding insert and mark_evictable, so batched calls fall back to singles."""
+
+    class OneAtATime(policy_cls):  # type: ignore[valid-type, misc]
+        def insert(
+            self, key: OffloadKey, block: BlockStatus, req_context: ReqContext | None = None
+        ) -> None:
+            super().insert(key, block, req_context)
+
+        def mark_evictable(self, key: OffloadKey) -> None:
+            super().mark_evictable(key)
+
+    return OneAtATime

@@ -10,16 +10,14 @@ import pytest
 from replay_helpers import (
     import_libcachesim,
     libcachesim_hits_in_fresh_thread,
+    manager_decisions,
+    one_at_a_time,
     pin,
     random_sequences,
     store_ready,
     victim_ids,
 )
 
-from kvoffload.context import ReqContext
-from kvoffload.keys import OffloadKey
-from kvoffload.manager import CPUOffloadingManager, LookupResult
-from kvoffload.policies.base import BlockStatus, CachePolicy
 from kvoffload.policies.lecar import LeCaRCachePolicy
 from kvoffload.testing import check_policy_conformance, drive_single_blocks, int_key
 
@@ -143,9 +141,7 @@ def test_close_to_libcachesim_on_shared_trace(fraction: float, flat_trace: list[
     lcs = import_libcachesim()
     capacity = int(len(set(flat_trace)) * fraction)
     ours = drive_single_blocks(LeCaRCachePolicy(capacity, history_ratio=0.5), flat_trace)
-    theirs = libcachesim_hits_in_fresh_thread(
-        lambda: lcs.LeCaR(capacity, hashpower=16), flat_trace
-    )
+    theirs = libcachesim_hits_in_fresh_thread(lambda: lcs.LeCaR(capacity, hashpower=16), flat_trace)
     assert abs(ours - theirs) <= 0.005 * len(flat_trace)
 
 
@@ -243,53 +239,10 @@ def test_bad_parameters_are_rejected(params: dict[str, object], error: type[Exce
 
 
 # ------------------------------------------------------------------ batched calls
-def _manager_decisions(policy: CachePolicy, capacity: int, seed: int = 5) -> list[object]:
-    """Every decision of a manager over overlapping requests (loads pinned across other
-    stores, some failed writes): it hands the policy batched inserts and completions."""
-    rng = random.Random(seed)
-    manager = CPUOffloadingManager(capacity, cache_policy=policy)
-    log: list[object] = []
-    inflight: list[tuple[ReqContext, list[OffloadKey], list[OffloadKey]]] = []
-    for index in range(300):
-        head = rng.randrange(30)
-        keys = [int_key(head * 1000 + i) for i in range(rng.randint(1, 24))]
-        ctx = ReqContext(req_id=str(index))
-        ctx.set_key_positions(keys, 16)
-        manager.on_new_request(ctx)
-        hits = 0
-        while hits < len(keys) and manager.lookup(keys[hits], ctx) is LookupResult.HIT:
-            hits += 1
-        if hits:
-            manager.prepare_load(keys[:hits], ctx)
-        out = manager.prepare_store(keys[hits:], ctx) if hits < len(keys) else None
-        stored = out.keys_to_store if out is not None else []
-        log.append((hits, stored, out.evicted_keys if out is not None else None))
-        inflight.append((ctx, keys[:hits], stored))
-        while len(inflight) > 3 or (inflight and rng.random() < 0.4):
-            done, loads, stores = inflight.pop(rng.randrange(len(inflight)))
-            if loads:
-                manager.complete_load(loads, done)
-            if stores:
-                manager.complete_store(stores, done, success=rng.random() > 0.1)
-            manager.on_request_finished(done)
-    log.append(sorted(manager.get_stats().as_dict().items()))
-    return log
-
-
-class _OneAtATime(LeCaRCachePolicy):
-    """Overrides insert and mark_evictable, so the batched calls fall back to single calls."""
-
-    def insert(
-        self, key: OffloadKey, block: BlockStatus, req_context: ReqContext | None = None
-    ) -> None:
-        super().insert(key, block, req_context)
-
-    def mark_evictable(self, key: OffloadKey) -> None:
-        super().mark_evictable(key)
-
-
 @pytest.mark.parametrize("capacity", [6, 40])
 @pytest.mark.parametrize("params", [{}, {"history_ratio": 0.5, "seed": 3}])
 def test_batched_calls_decide_like_single_calls(capacity: int, params: dict[str, Any]) -> None:
-    batched = _manager_decisions(LeCaRCachePolicy(capacity, **params), capacity)
-    assert batched == _manager_decisions(_OneAtATime(capacity, **params), capacity)
+    batched = manager_decisions(LeCaRCachePolicy(capacity, **params), capacity)
+    assert batched == manager_decisions(
+        one_at_a_time(LeCaRCachePolicy)(capacity, **params), capacity
+    )

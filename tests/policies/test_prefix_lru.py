@@ -7,12 +7,13 @@ from collections.abc import Iterable
 from typing import Any
 
 import pytest
+from replay_helpers import manager_decisions, one_at_a_time
 
 from kvoffload.context import ReqContext
 from kvoffload.keys import OffloadKey
 from kvoffload.manager import CPUOffloadingManager, LookupResult
 from kvoffload.policies import create_cache_policy
-from kvoffload.policies.base import BlockStatus, CachePolicy
+from kvoffload.policies.base import BlockStatus
 from kvoffload.policies.lru import LRUCachePolicy
 from kvoffload.policies.prefix_lru import PrefixLRUCachePolicy
 from kvoffload.testing import PolicyConformanceSuite, int_key
@@ -325,53 +326,10 @@ def test_parents_go_before_a_cached_descendant_only_when_forced() -> None:
 
 
 # ------------------------------------------------------------------ batched calls
-def _manager_decisions(policy: CachePolicy, capacity: int, seed: int = 5) -> list[object]:
-    """Every decision of a manager over overlapping requests (loads pinned across other
-    stores, some failed writes): it hands the policy batched inserts and completions."""
-    rng = random.Random(seed)
-    manager = CPUOffloadingManager(capacity, cache_policy=policy)
-    log: list[object] = []
-    inflight: list[tuple[ReqContext, list[OffloadKey], list[OffloadKey]]] = []
-    for index in range(300):
-        head = rng.randrange(30)
-        keys = [int_key(head * 1000 + i) for i in range(rng.randint(1, 24))]
-        ctx = ReqContext(req_id=str(index))
-        ctx.set_key_positions(keys, 16)
-        manager.on_new_request(ctx)
-        hits = 0
-        while hits < len(keys) and manager.lookup(keys[hits], ctx) is LookupResult.HIT:
-            hits += 1
-        if hits:
-            manager.prepare_load(keys[:hits], ctx)
-        out = manager.prepare_store(keys[hits:], ctx) if hits < len(keys) else None
-        stored = out.keys_to_store if out is not None else []
-        log.append((hits, stored, out.evicted_keys if out is not None else None))
-        inflight.append((ctx, keys[:hits], stored))
-        while len(inflight) > 3 or (inflight and rng.random() < 0.4):
-            done, loads, stores = inflight.pop(rng.randrange(len(inflight)))
-            if loads:
-                manager.complete_load(loads, done)
-            if stores:
-                manager.complete_store(stores, done, success=rng.random() > 0.1)
-            manager.on_request_finished(done)
-    log.append(sorted(manager.get_stats().as_dict().items()))
-    return log
-
-
-class _OneAtATime(PrefixLRUCachePolicy):
-    """Overrides insert and mark_evictable, so the batched calls fall back to single calls."""
-
-    def insert(
-        self, key: OffloadKey, block: BlockStatus, req_context: ReqContext | None = None
-    ) -> None:
-        super().insert(key, block, req_context)
-
-    def mark_evictable(self, key: OffloadKey) -> None:
-        super().mark_evictable(key)
-
-
 @pytest.mark.parametrize("capacity", [6, 40])
 @pytest.mark.parametrize("params", [{}])
 def test_batched_calls_decide_like_single_calls(capacity: int, params: dict[str, Any]) -> None:
-    batched = _manager_decisions(PrefixLRUCachePolicy(capacity, **params), capacity)
-    assert batched == _manager_decisions(_OneAtATime(capacity, **params), capacity)
+    batched = manager_decisions(PrefixLRUCachePolicy(capacity, **params), capacity)
+    assert batched == manager_decisions(
+        one_at_a_time(PrefixLRUCachePolicy)(capacity, **params), capacity
+    )

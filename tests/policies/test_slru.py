@@ -55,9 +55,7 @@ class ListSLRU:
             next(s for s in self.segments if s).pop(0)
         level = 0
         if self.fill:
-            level = next(
-                (i for i, s in enumerate(self.segments) if len(s) < self.limits[i]), 0
-            )
+            level = next((i for i, s in enumerate(self.segments) if len(s) < self.limits[i]), 0)
         self.segments[level].append(block)
         return False
 
