@@ -35,7 +35,7 @@ import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from kvoffload.admission import AdmissionFilter, build_admission
 from kvoffload.context import ReqContext
@@ -158,6 +158,15 @@ class OffloadingStats:
         return out
 
 
+class BlockAccesses(NamedTuple):
+    """What ``access_blocks`` did: each key's lookup result and the stores it made."""
+
+    results: list[LookupResult]
+    stored: int  # misses stored (their writes completed)
+    evicted: int  # blocks evicted to make room
+    failed: int  # misses that found no room (or that admission rejected, with filters on)
+
+
 class OffloadingManager(ABC):
     """Scheduler-side contract of an offloading tier (vLLM's ``OffloadingManager`` shape)."""
 
@@ -262,6 +271,7 @@ def _touches_misses(policy: CachePolicy) -> bool:
 
 _PUBLIC_METHODS = (
     "lookup",
+    "access_blocks",
     "prepare_load",
     "touch",
     "complete_load",
@@ -618,6 +628,113 @@ class CPUOffloadingManager(OffloadingManager):
         else:
             self._counters["stores_failed"] += len(done)
 
+    def access_blocks(self, keys: Sequence[OffloadKey], ctx: ReqContext) -> BlockAccesses:
+        """Each key as an independent access, in order, in one call (libCacheSim's model).
+
+        A HIT is loaded (``prepare_load`` + ``complete_load``), a MISS is stored
+        (``prepare_store`` + ``complete_store``), a HIT_PENDING is left alone: the same policy
+        calls, counters and slots as that per-key call sequence, without its per-call cost
+        (the simulator's ``blocks`` mode is bound by it). With admission filters or events
+        on, it makes exactly those public calls.
+        """
+        if self._admission is not None or self._enable_events:
+            return self._access_blocks_by_calls(keys, ctx)
+        record = self._record(ctx)
+        touched = record.touched
+        policy = self._policy
+        # Single-key hooks: the contract makes them equal to the batch ones with one key.
+        touch, evict, insert = policy.touch, policy.evict, policy.insert
+        mark_non_evictable, mark_evictable = policy.mark_non_evictable, policy.mark_evictable
+        get, free, capacity = self._get, self._free, self.num_blocks
+        allocated, evictable = self._num_allocated, self._num_evictable
+        touch_misses = self._touch_misses
+        results: list[LookupResult] = []
+        hits = pending = stored = evicted = failed = 0
+        for key in keys:
+            status = get(key)
+            if status is not None:
+                if status.ref_cnt < 0:  # being written: HIT_PENDING, nothing to store
+                    pending += 1
+                    results.append(_HIT_PENDING)
+                    continue
+                hits += 1
+                results.append(_HIT)
+                if key not in touched:
+                    touched.add(key)
+                    touch([key], ctx)
+                if status.ref_cnt == 0:  # pinned and released at once: net count unchanged
+                    mark_non_evictable(key)
+                    mark_evictable(key)
+                continue
+            results.append(_MISS)
+            if allocated < capacity:
+                status = BlockStatus(allocated, -1)
+                allocated += 1
+            elif free:
+                status = free.pop()
+                status.ref_cnt = -1
+            elif evictable == 0:
+                failed += 1
+                continue
+            else:
+                if touch_misses and key not in touched:
+                    touched.add(key)
+                    touch([key], ctx)
+                victims = evict(1, {key})
+                if victims is None:
+                    failed += 1
+                    continue
+                status = victims[0][1]
+                status.ref_cnt = -1
+                evictable -= 1
+                evicted += 1
+                insert(key, status, ctx)
+                status.ref_cnt = 0
+                mark_evictable(key)
+                evictable += 1
+                stored += 1
+                continue
+            if touch_misses and key not in touched:
+                touched.add(key)
+                touch([key], ctx)
+            insert(key, status, ctx)
+            status.ref_cnt = 0
+            mark_evictable(key)
+            evictable += 1
+            stored += 1
+        self._num_allocated, self._num_evictable = allocated, evictable
+        self._lookups += len(results)
+        self._hits += hits
+        self._hits_pending += pending
+        counters = self._counters
+        counters["loads"] += hits
+        counters["stores_prepared"] += stored
+        counters["stores_completed"] += stored
+        counters["evictions"] += evicted
+        counters["failed_allocations"] += failed
+        return BlockAccesses(results, stored, evicted, failed)
+
+    def _access_blocks_by_calls(self, keys: Sequence[OffloadKey], ctx: ReqContext) -> BlockAccesses:
+        """``access_blocks`` made of the public calls (admission filters and events need them)."""
+        results: list[LookupResult] = []
+        stored = evicted = failed = 0
+        for key in keys:
+            result = self.lookup(key, ctx)
+            results.append(result)
+            one = [key]
+            if result is _HIT:
+                self.prepare_load(one, ctx)
+                self.complete_load(one, ctx)
+            elif result is _MISS:
+                out = self.prepare_store(one, ctx)
+                if out is None:
+                    failed += 1
+                elif out.keys_to_store:
+                    self.complete_store(out.keys_to_store, ctx)
+                    stored += 1
+                    evicted += len(out.evicted_keys)
+        return BlockAccesses(results, stored, evicted, failed)
+
     def on_new_request(self, ctx: ReqContext) -> RequestOffloadingContext:
         self._record(ctx)
         return RequestOffloadingContext()
@@ -678,6 +795,7 @@ class CPUOffloadingManager(OffloadingManager):
 
 
 __all__ = [
+    "BlockAccesses",
     "CPULoadStoreSpec",
     "CPUOffloadingManager",
     "LookupResult",

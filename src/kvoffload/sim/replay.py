@@ -19,7 +19,10 @@ pure) only to count block hits that a prefix cache could not use.
 
 ``blocks`` mode treats every block as an independent access, libCacheSim's model: lookup;
 a hit is ``prepare_load`` + ``complete_load``; a miss is ``prepare_store`` +
-``complete_store``. With LRU or ARC it reproduces libCacheSim's hit counts exactly.
+``complete_store``, all made by one ``CPUOffloadingManager.access_blocks`` call per request
+(the same policy calls and counters, tested against the per-key calls). A key repeated within
+a request starts a new context there. With LRU or ARC it reproduces libCacheSim's hit counts
+exactly.
 
 ``overlap=True`` (prefix mode) keeps requests running concurrently: a request arrives at its
 timestamp, runs for ``input / prefill_tokens_per_s + output / decode_tokens_per_s`` seconds,
@@ -259,6 +262,21 @@ def _unique_in_order(keys: Sequence[OffloadKey]) -> list[OffloadKey]:
     return list(dict.fromkeys(keys))
 
 
+def _repeat_free_segments(keys: list[OffloadKey]) -> list[list[OffloadKey]]:
+    """``keys`` cut before each key that repeats one of its segment (usually one segment)."""
+    if len(set(keys)) == len(keys):
+        return [keys]
+    segments: list[list[OffloadKey]] = [[]]
+    seen: set[OffloadKey] = set()
+    for key in keys:
+        if key in seen:
+            segments.append([])
+            seen.clear()
+        seen.add(key)
+        segments[-1].append(key)
+    return segments
+
+
 class _Replayer:
     """One replay's state: the manager, the key table and the counters."""
 
@@ -277,45 +295,32 @@ class _Replayer:
     # ------------------------------------------------------------------ blocks mode
     def run_blocks(self) -> None:
         m, c, bt = self.manager, self.counts, self.trace.block_tokens
-        lookup, hit = m.lookup, LookupResult.HIT
-        load, unload = m.prepare_load, m.complete_load
-        store, commit = m.prepare_store, m.complete_store
+        hit = LookupResult.HIT
+        probe = m.policy.get  # pure, and not counted as a lookup
         for request in self.trace.requests:
             keys = self.request_keys(request)
-            ctx = make_context(request, keys, bt)
-            m.on_new_request(ctx)
-            seen: set[OffloadKey] = set()
             leading = True
             run = 0
-            for key in keys:
-                if key in seen:  # a repeat within a request is a new, independent access
-                    ctx.output_tokens = request.output_tokens
-                    m.on_request_finished(ctx)
-                    ctx = make_context(request, keys, bt)
-                    ctx.prefix_hit_blocks = run
-                    m.on_new_request(ctx)
-                    seen.clear()
-                seen.add(key)
-                one = [key]
-                if lookup(key, ctx) is hit:
-                    load(one, ctx)
-                    unload(one, ctx)
-                    c.block_hits += 1
-                    if leading:
+            for segment in _repeat_free_segments(keys):
+                # A repeat within a request is a new, independent access: a new context.
+                ctx = make_context(request, keys, bt)
+                if leading:  # the request's prefix-hit length, known before it loads or stores
+                    for key in segment:
+                        status = probe(key)
+                        if status is None or status.ref_cnt < 0:
+                            leading = False
+                            break
                         run += 1
-                        ctx.prefix_hit_blocks = run
-                    continue
-                leading = False
-                out = store(one, ctx)
-                if out is None:
-                    c.store_failures += 1
-                    c.store_failed_blocks += 1
-                elif out.keys_to_store:
-                    commit(out.keys_to_store, ctx)
-                    c.stored += 1
-                    c.evictions += len(out.evicted_keys)
-            ctx.output_tokens = request.output_tokens
-            m.on_request_finished(ctx)
+                ctx.prefix_hit_blocks = run
+                m.on_new_request(ctx)
+                out = m.access_blocks(segment, ctx)
+                c.block_hits += out.results.count(hit)
+                c.stored += out.stored
+                c.evictions += out.evicted
+                c.store_failures += out.failed
+                c.store_failed_blocks += out.failed
+                ctx.output_tokens = request.output_tokens
+                m.on_request_finished(ctx)
             self._record_prefix(request, run)
 
     def _record_prefix(self, request: TraceRequest, run: int) -> None:
