@@ -31,6 +31,7 @@ from __future__ import annotations
 import enum
 import functools
 import logging
+import operator
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -65,6 +66,7 @@ class OffloadPolicy(enum.Enum):
 
 
 _MISS = LookupResult.MISS
+_block_id = operator.attrgetter("block_id")
 _HIT = LookupResult.HIT
 _HIT_PENDING = LookupResult.HIT_PENDING
 
@@ -557,7 +559,7 @@ class CPUOffloadingManager(OffloadingManager):
             for status in reused:
                 status.ref_cnt = -1
             allocated += reused
-        slots = [status.block_id for status in allocated]
+        slots = list(map(_block_id, allocated))
         self._policy.insert_many(to_store, allocated, ctx)
         record.stores.update(to_store)
         self._num_pending += count

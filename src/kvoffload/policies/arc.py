@@ -20,14 +20,14 @@ becomes evictable again enters its list's order at the MRU end.
 from __future__ import annotations
 
 import math
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from itertools import islice
 
 from kvoffload.context import ReqContext
 from kvoffload.keys import OffloadKey
 from kvoffload.policies.base import BlockStatus, CachePolicy, Victims
-from kvoffload.policies.lru import protected_disjoint
+from kvoffload.policies.lru import protected_disjoint, ref_count
 
 
 def _next_unprotected(
@@ -92,10 +92,11 @@ class ARCCachePolicy(CachePolicy):
         # Only new keys: all go to T1, and one trim at the end drops what per-insert trims
         # would have dropped (|T1| only grows, ghosts only shrink, both from their LRU ends).
         self._blocks.update(zip(keys, blocks, strict=True))
-        ready = [key for key, block in zip(keys, blocks, strict=True) if block.ref_cnt == 0]
-        t1_order = self._t1_order
-        for key in ready:  # (a setitem loop is faster than OrderedDict.update)
-            t1_order[key] = None
+        if 0 in map(ref_count, blocks):  # usually none: the manager inserts pending blocks
+            t1_order = self._t1_order
+            for key, block in zip(keys, blocks, strict=True):  # (setitems beat .update)
+                if block.ref_cnt == 0:
+                    t1_order[key] = None
         self._trim_ghosts()
 
     def _insert_one(self, key: OffloadKey, block: BlockStatus) -> None:
@@ -124,7 +125,14 @@ class ARCCachePolicy(CachePolicy):
     def touch(self, keys: Iterable[OffloadKey], req_context: ReqContext | None = None) -> None:
         blocks, t2 = self._blocks, self._t2
         t1_order, t2_order = self._t1_order, self._t2_order
-        for key in reversed(keys if isinstance(keys, (list, tuple)) else list(keys)):
+        keys = keys if isinstance(keys, (list, tuple)) else list(keys)
+        if (
+            blocks.keys().isdisjoint(keys)
+            and self._b1.keys().isdisjoint(keys)
+            and self._b2.keys().isdisjoint(keys)
+        ):
+            return  # only brand-new keys (the usual store): nothing to learn, C-level check
+        for key in reversed(keys):
             status = blocks.get(key)
             if status is not None:
                 if key in t2:
@@ -160,17 +168,15 @@ class ARCCachePolicy(CachePolicy):
         pop = self._blocks.pop
         victims: Victims = []
         if from_t1:
-            for key in from_t1:
-                del t1_order[key]
-            victims.extend([(key, pop(key)) for key in from_t1])
+            deque(map(t1_order.__delitem__, from_t1), 0)  # (C-level loops)
+            victims.extend(zip(from_t1, map(pop, from_t1), strict=True))
             b1 = self._b1
             for key in from_t1:
                 b1[key] = None
         if from_t2:
-            for key in from_t2:
-                del t2_order[key]
+            deque(map(t2_order.__delitem__, from_t2), 0)
             self._t2.difference_update(from_t2)
-            victims.extend([(key, pop(key)) for key in from_t2])
+            victims.extend(zip(from_t2, map(pop, from_t2), strict=True))
             b2 = self._b2
             for key in from_t2:
                 b2[key] = None
@@ -268,6 +274,14 @@ class ARCCachePolicy(CachePolicy):
             return
         blocks, t2 = self._blocks, self._t2
         t1_order, t2_order = self._t1_order, self._t2_order
+        if (
+            t2.isdisjoint(keys)
+            and t1_order.keys().isdisjoint(keys)
+            and all(map(blocks.__contains__, keys))
+        ):
+            for key in keys:  # the usual case: fresh T1 blocks land at the end, no moves
+                t1_order[key] = None
+            return
         for key in keys:
             if key in blocks:
                 order = t2_order if key in t2 else t1_order

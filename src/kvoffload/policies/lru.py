@@ -8,13 +8,16 @@ recent: finishing a load is a use.
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from itertools import islice
+from operator import attrgetter
 
 from kvoffload.context import ReqContext
 from kvoffload.keys import OffloadKey
 from kvoffload.policies.base import BlockStatus, CachePolicy, Victims
+
+ref_count = attrgetter("ref_cnt")
 
 
 def protected_disjoint(protected: Collection[OffloadKey], keys: list[OffloadKey]) -> bool:
@@ -66,11 +69,10 @@ class LRUCachePolicy(CachePolicy):
                 self._evictable[key] = None
                 self._evictable.move_to_end(key)
             return
-        pairs = dict(zip(keys, blocks, strict=True))
-        self._blocks.update(pairs)
-        ready = [key for key, block in pairs.items() if block.ref_cnt == 0]
-        if ready:
-            self.mark_evictable_many(ready)
+        self._blocks.update(zip(keys, blocks, strict=True))
+        if 0 in map(ref_count, blocks):  # usually none: the manager inserts pending blocks
+            pairs = zip(keys, blocks, strict=True)
+            self.mark_evictable_many([key for key, block in pairs if block.ref_cnt == 0])
 
     def mark_evictable_many(self, keys: Sequence[OffloadKey]) -> None:
         if type(self).mark_evictable is not LRUCachePolicy.mark_evictable:  # a subclass hook
@@ -115,8 +117,7 @@ class LRUCachePolicy(CachePolicy):
             return None
         chosen = list(islice(evictable, n))  # the n least recent: the usual answer
         if not protected or protected_disjoint(protected, chosen):
-            for _ in range(n):
-                evictable.popitem(last=False)
+            deque(map(evictable.pop, chosen), 0)  # (a C-level loop)
         else:
             chosen = []
             for key in evictable:
@@ -128,8 +129,7 @@ class LRUCachePolicy(CachePolicy):
                 return None
             for key in chosen:
                 del evictable[key]
-        pop = self._blocks.pop
-        return [(key, pop(key)) for key in chosen]
+        return list(zip(chosen, map(self._blocks.pop, chosen), strict=True))
 
     def clear(self) -> None:
         self._blocks.clear()
