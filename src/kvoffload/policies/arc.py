@@ -20,7 +20,7 @@ becomes evictable again enters its list's order at the MRU end.
 from __future__ import annotations
 
 import math
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from itertools import islice
 
@@ -168,13 +168,15 @@ class ARCCachePolicy(CachePolicy):
         pop = self._blocks.pop
         victims: Victims = []
         if from_t1:
-            deque(map(t1_order.__delitem__, from_t1), 0)  # (C-level loops)
+            for key in from_t1:
+                del t1_order[key]
             victims.extend(zip(from_t1, map(pop, from_t1), strict=True))
             b1 = self._b1
             for key in from_t1:
                 b1[key] = None
         if from_t2:
-            deque(map(t2_order.__delitem__, from_t2), 0)
+            for key in from_t2:
+                del t2_order[key]
             self._t2.difference_update(from_t2)
             victims.extend(zip(from_t2, map(pop, from_t2), strict=True))
             b2 = self._b2

@@ -8,7 +8,7 @@ recent: finishing a load is a use.
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from itertools import islice
 from operator import attrgetter
@@ -117,7 +117,8 @@ class LRUCachePolicy(CachePolicy):
             return None
         chosen = list(islice(evictable, n))  # the n least recent: the usual answer
         if not protected or protected_disjoint(protected, chosen):
-            deque(map(evictable.pop, chosen), 0)  # (a C-level loop)
+            for key in chosen:  # (a del loop beats popitem and map(pop) here)
+                del evictable[key]
         else:
             chosen = []
             for key in evictable:
