@@ -157,7 +157,7 @@ class ARCCachePolicy(CachePolicy):
         if n > len(t1_order) + len(t2_order):
             return None
         missed_in_b2 = not self._b2.keys().isdisjoint(protected) if self._b2 else False
-        chosen = self._plan_without_protection(n, missed_in_b2)
+        chosen = None if n == 1 else self._plan_without_protection(n, missed_in_b2)
         if chosen is not None and protected_disjoint(protected, chosen[0] + chosen[1]):
             from_t1, from_t2 = chosen
         else:
@@ -241,16 +241,21 @@ class ARCCachePolicy(CachePolicy):
         """Keep |T1| + |B1| <= c and |T1| + |T2| + |B1| + |B2| <= 2c (FAST'03 case IV)."""
         capacity = self.cache_capacity
         b1, b2 = self._b1, self._b2
-        pop1, pop2 = b1.popitem, b2.popitem
-        excess = len(self._blocks) - len(self._t2) + len(b1) - capacity
-        for _ in range(min(excess, len(b1))):
-            pop1(False)
-        excess = len(self._blocks) + len(b1) + len(b2) - 2 * capacity
-        dropped = min(excess, len(b2))
-        for _ in range(dropped):
-            pop2(False)
-        for _ in range(min(excess - dropped, len(b1))):  # only when pins let T2 outgrow 2c - |T1|
-            pop1(False)
+        stored = len(self._blocks)
+        excess = stored - len(self._t2) + len(b1) - capacity
+        if excess > 0:
+            pop1 = b1.popitem
+            for _ in range(min(excess, len(b1))):
+                pop1(False)
+        excess = stored + len(b1) + len(b2) - 2 * capacity
+        if excess > 0:
+            dropped = min(excess, len(b2))
+            pop2 = b2.popitem
+            for _ in range(dropped):
+                pop2(False)
+            pop1 = b1.popitem
+            for _ in range(min(excess - dropped, len(b1))):  # only when pins let T2 outgrow
+                pop1(False)
 
     def clear(self) -> None:
         for container in (
