@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import itertools
+from typing import Any
 
 import pytest
+from replay_helpers import manager_decisions, one_at_a_time
 
 from kvoffload import CPUOffloadingManager, LookupResult, ReqContext
 from kvoffload.keys import OffloadKey, make_offload_key
@@ -142,3 +144,13 @@ def test_without_hints_it_still_prefers_reused_blocks() -> None:
     victims = policy.evict(2, {keys[3]})
     assert victims is not None
     assert keys[0] not in [k for k, _ in victims]
+
+
+# ------------------------------------------------------------------ batched calls
+@pytest.mark.parametrize("capacity", [6, 40])
+@pytest.mark.parametrize("params", [{}, {"decay_window": 7, "ghost_factor": 0.5}])
+def test_batched_calls_decide_like_single_calls(capacity: int, params: dict[str, Any]) -> None:
+    batched = manager_decisions(KVAwareCachePolicy(capacity, **params), capacity)
+    assert batched == manager_decisions(
+        one_at_a_time(KVAwareCachePolicy)(capacity, **params), capacity
+    )

@@ -20,6 +20,8 @@ from protocol_model_driver import run_against_model
 from replay_helpers import (
     TRACE_FRACTIONS,
     import_libcachesim,
+    manager_decisions,
+    one_at_a_time,
     pin,
     random_sequences,
     store_ready,
@@ -277,3 +279,10 @@ def test_pinned_and_protected_blocks_are_skipped_and_failure_changes_nothing() -
     assert victim_ids(policy.evict(1, {int_key(1)})) == [2]
     unpin(policy, 0)  # re-enters behind block 1 (same priority)
     assert victim_ids(policy.evict(3, set())) == [1, 0, 3]
+
+
+# ------------------------------------------------------------------ batched calls
+@pytest.mark.parametrize("capacity", [6, 40])
+def test_batched_calls_decide_like_single_calls(capacity: int) -> None:
+    batched = manager_decisions(LFUDACachePolicy(capacity), capacity)
+    assert batched == manager_decisions(one_at_a_time(LFUDACachePolicy)(capacity), capacity)

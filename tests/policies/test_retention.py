@@ -7,6 +7,7 @@ import random
 from dataclasses import dataclass
 
 import pytest
+from replay_helpers import manager_decisions, one_at_a_time
 
 from kvoffload.context import ReqContext
 from kvoffload.manager import CPUOffloadingManager
@@ -438,3 +439,61 @@ def _run_against_model(seed: int, steps: int = 300) -> int:
 def test_matches_a_sort_based_reference_model() -> None:
     compared = sum(_run_against_model(seed) for seed in range(60))
     assert compared > 1000
+
+
+# ------------------------------------------------------------------ batched calls
+def test_batched_manager_calls_decide_like_single_calls() -> None:
+    single = one_at_a_time(RetentionCachePolicy)
+    for capacity in (6, 40):
+        batched = manager_decisions(RetentionCachePolicy(capacity, clock=FakeClock()), capacity)
+        assert batched == manager_decisions(single(capacity, clock=FakeClock()), capacity)
+
+
+def _batched_log(policy_cls: type[RetentionCachePolicy], seed: int) -> list[object]:
+    """Stores with priorities and deadlines, completions (some repeated), pins, uses, evictions."""
+    rng = random.Random(seed)
+    clock = FakeClock()
+    policy = policy_cls(12, clock=clock)
+    statuses: dict[int, BlockStatus] = {}
+    log: list[object] = []
+    for step in range(400):
+        clock.now += rng.random()
+        roll = rng.random()
+        ctx = _ctx(
+            rng.choice([None, 0, 20, 35, 60, 100]),
+            rng.choice([None, 0.0, 0.5, 3.0]),
+            timestamp=clock.now if rng.random() < 0.3 else None,
+        )
+        if roll < 0.3:
+            blocks = [b for b in rng.sample(range(40), rng.randint(1, 6)) if b not in statuses]
+            fresh = [BlockStatus(b, rng.choice([-1, -1, 0])) for b in blocks]
+            policy.insert_many([int_key(b) for b in blocks], fresh, ctx)
+            statuses.update(zip(blocks, fresh, strict=True))
+        elif roll < 0.55:
+            blocks = [b for b, st in statuses.items() if st.ref_cnt != 0 and rng.random() < 0.7]
+            blocks += [b for b, st in statuses.items() if st.ref_cnt == 0 and rng.random() < 0.1]
+            if blocks and rng.random() < 0.2:
+                blocks.append(blocks[0])
+            for b in blocks:
+                statuses[b].ref_cnt = 0
+            policy.mark_evictable_many([int_key(b) for b in blocks])
+        elif roll < 0.65 and statuses:
+            keys = [int_key(b) for b in rng.sample(sorted(statuses), min(2, len(statuses)))]
+            log.append(policy.pin(keys) if rng.random() < 0.5 else policy.unpin(keys))
+        elif roll < 0.8:
+            policy.touch([int_key(rng.randrange(40)) for _ in range(4)], ctx)
+        else:
+            protected = {rng.randrange(40) for _ in range(3)}
+            victims = policy.evict(rng.randint(1, 3), {int_key(b) for b in protected})
+            if victims is not None:
+                for key, _ in victims:
+                    del statuses[_id(key)]
+            log.append(None if victims is None else [_id(key) for key, _ in victims])
+        log.append((step, sorted(policy.stats().items())))
+    return log
+
+
+def test_batched_calls_with_priorities_decide_like_single_calls() -> None:
+    single = one_at_a_time(RetentionCachePolicy)
+    for seed in range(20):
+        assert _batched_log(RetentionCachePolicy, seed) == _batched_log(single, seed)

@@ -37,6 +37,9 @@ import heapq
 import math
 from collections import OrderedDict
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
+from itertools import compress, islice
+from operator import attrgetter
+from typing import Final
 
 from kvoffload.context import ReqContext
 from kvoffload.keys import OffloadKey
@@ -57,17 +60,15 @@ def _class_of(uses: int, output_bucket: int) -> int:
     return min(uses.bit_length(), _COUNT_BUCKETS - 1) * len(_OUTPUT_NAMES) + output_bucket
 
 
-class _Block:
-    """Per-block metadata: its class, use count and when it was last used."""
-
-    __slots__ = ("cls", "last_use", "output_bucket", "status", "uses")
-
-    def __init__(self, status: BlockStatus, cls: int, uses: int, last_use: float) -> None:
-        self.status = status
-        self.cls = cls
-        self.uses = uses
-        self.output_bucket = _UNKNOWN_OUTPUT
-        self.last_use = last_use
+# Per-block metadata, a plain tuple (class, uses since first stored, output bucket, last use):
+# built at C speed, so a store of many new blocks costs no Python object construction; the
+# rare changes (a use, a reclassification) build a new one. An evicted block's tuple is its
+# ghost entry as it is.
+_Meta = tuple[int, int, int, float]
+_CLS: Final = 0
+_LAST_USE: Final = 3
+_NEW_CLASS = _class_of(0, _UNKNOWN_OUTPUT)
+_ref_count = attrgetter("ref_cnt")
 
 
 class _RequestKeys:
@@ -77,15 +78,6 @@ class _RequestKeys:
 
     def __init__(self) -> None:
         self.keys: list[OffloadKey] = []
-
-
-def _next_unprotected(
-    it: Iterator[OffloadKey], protected: Collection[OffloadKey]
-) -> OffloadKey | None:
-    for key in it:
-        if key not in protected:
-            return key
-    return None
 
 
 class KVAwareCachePolicy(CachePolicy):
@@ -133,12 +125,12 @@ class KVAwareCachePolicy(CachePolicy):
         self.decay_window = decay_window or max(2000, 8 * cache_capacity)
         self.prior_reuse = prior_reuse
         self.prior_weight = prior_weight
-        self._blocks: dict[OffloadKey, _Block] = {}
+        self._blocks: dict[OffloadKey, _Meta] = {}
         self._statuses: dict[OffloadKey, BlockStatus] = {}  # the block table the manager reads
         self._orders: list[OrderedDict[OffloadKey, None]] = [
             OrderedDict() for _ in range(_NUM_CLASSES)
         ]
-        self._ghosts: OrderedDict[OffloadKey, tuple[int, int, float]] = OrderedDict()
+        self._ghosts: OrderedDict[OffloadKey, _Meta] = OrderedDict()  # evicted, oldest first
         self._reset_learning()
 
     def _reset_learning(self) -> None:
@@ -253,16 +245,16 @@ class KVAwareCachePolicy(CachePolicy):
         self._last_insert_time = now
         ghost = self._ghosts.pop(key, None)
         if ghost is not None:  # an evicted block came back: its class was worth keeping
-            ghost_cls, uses, last_use = ghost
+            ghost_cls, uses, _, last_use = ghost
             self._record_reuse(ghost_cls, now - last_use)
             uses += 1
             cls = _class_of(uses, _UNKNOWN_OUTPUT)
         else:
             uses = 0
             tail = req_context is not None and req_context.partial_tail_key == key
-            cls = TAIL_CLASS if tail else _class_of(0, _UNKNOWN_OUTPUT)
+            cls = TAIL_CLASS if tail else _NEW_CLASS
         self._enter(cls)
-        self._blocks[key] = _Block(block, cls, uses, now)
+        self._blocks[key] = (cls, uses, _UNKNOWN_OUTPUT, now)
         self._statuses[key] = block
         if block.ref_cnt == 0:
             self._orders[cls][key] = None
@@ -274,14 +266,13 @@ class KVAwareCachePolicy(CachePolicy):
         blocks: Sequence[BlockStatus],
         req_context: ReqContext | None = None,
     ) -> None:
-        if type(self).insert is not KVAwareCachePolicy.insert:  # a subclass hooks insert
-            super().insert_many(keys, blocks, req_context)
+        if type(self).insert is not KVAwareCachePolicy.insert or len(keys) != len(blocks):
+            super().insert_many(keys, blocks, req_context)  # a subclass hooks insert, or misuse
             return
-        ghosts, stored, statuses = self._ghosts, self._blocks, self._statuses
-        orders, entries = self._orders, self._entries
+        ghosts, orders, entries = self._ghosts, self._orders, self._entries
+        reuses, gap_sums = self._reuses, self._gap_sums
         tail = req_context.partial_tail_key if req_context is not None else None
         stamp = req_context.timestamp if req_context is not None else None
-        new_cls = _class_of(0, _UNKNOWN_OUTPUT)
         width = len(_OUTPUT_NAMES)
         top = _COUNT_BUCKETS - 1
         # Time, turnover rate and decay move exactly as one insert call per key moves them.
@@ -291,7 +282,10 @@ class KVAwareCachePolicy(CachePolicy):
             self._rate_time,
             self._last_insert_time,
         )
-        for key, block in zip(keys, blocks, strict=True):
+        since_decay, decay_window = self._since_decay, self.decay_window
+        metas: list[_Meta] = []
+        append = metas.append
+        for key in keys:
             clock += 1
             if stamp is not None:
                 if stamp > now:
@@ -304,60 +298,67 @@ class KVAwareCachePolicy(CachePolicy):
             last_insert = now
             ghost = ghosts.pop(key, None) if ghosts else None
             if ghost is None:
-                uses = 0
-                cls = TAIL_CLASS if key == tail else new_cls
+                cls = TAIL_CLASS if key == tail else _NEW_CLASS
+                append((cls, 0, _UNKNOWN_OUTPUT, now))
             else:  # an evicted block came back: its class was worth keeping
-                ghost_cls, uses, last_use = ghost
-                self._record_reuse(ghost_cls, now - last_use)
+                ghost_cls, uses, _, last_use = ghost
+                reuses[ghost_cls] += 1.0  # _record_reuse, inline
+                gap = now - last_use
+                gap_sums[ghost_cls] += gap if gap > 0.0 else 0.0
                 uses += 1
                 cls = min(uses.bit_length(), top) * width + _UNKNOWN_OUTPUT
+                append((cls, uses, _UNKNOWN_OUTPUT, now))
             entries[cls] += 1.0
-            self._since_decay += 1
-            if self._since_decay >= self.decay_window:
+            since_decay += 1
+            if since_decay >= decay_window:
                 self._rate_inserts, self._rate_time = rate_inserts, rate_time
                 self._decay()
+                since_decay = 0
                 rate_inserts, rate_time = self._rate_inserts, self._rate_time
-            stored[key] = _Block(block, cls, uses, now)
-            statuses[key] = block
-            if block.ref_cnt == 0:
-                orders[cls][key] = None
+        self._since_decay = since_decay
         self._clock, self._now = clock, now
         self._rate_inserts, self._rate_time = rate_inserts, rate_time
         self._last_insert_time = last_insert
+        self._blocks.update(zip(keys, metas, strict=True))
+        self._statuses.update(zip(keys, blocks, strict=True))
+        if 0 in map(_ref_count, blocks):  # usually none: the manager inserts pending blocks
+            for key, block, meta in zip(keys, blocks, metas, strict=True):
+                if block.ref_cnt == 0:
+                    orders[meta[_CLS]][key] = None
         self._remember(req_context, keys)
 
     def remove(self, key: OffloadKey) -> None:
-        block = self._blocks.pop(key, None)
-        if block is not None:
+        meta = self._blocks.pop(key, None)
+        if meta is not None:
             del self._statuses[key]
-            self._orders[block.cls].pop(key, None)
-            self._leave(block.cls)
+            self._orders[meta[_CLS]].pop(key, None)
+            self._leave(meta[_CLS])
 
     def touch(self, keys: Iterable[OffloadKey], req_context: ReqContext | None = None) -> None:
         blocks, orders, entries = self._blocks, self._orders, self._entries
+        statuses = self._statuses
         stored = [key for key in keys if key in blocks]
         if not stored:  # keys that are not stored mean nothing here (ghosts count at insert)
             return
         now = self._advance(req_context, len(stored))
         used: list[OffloadKey] = []
         for key in reversed(stored):  # tail first, so the head ends most recent
-            block = blocks[key]
-            old = block.cls
-            if block.status.ref_cnt >= 0:  # a use: a success for its class, a new trial after
-                self._record_reuse(old, now - block.last_use)
-                block.uses += 1
-                new = _class_of(block.uses, block.output_bucket)
+            cls, uses, bucket, last_use = blocks[key]
+            if statuses[key].ref_cnt >= 0:  # a use: a success for its class, a new trial after
+                self._record_reuse(cls, now - last_use)
+                uses += 1
+                new = _class_of(uses, bucket)
                 entries[new] += 1.0
                 self._since_decay += 1
-                if new != old:
-                    block.cls = new
-                    if orders[old].pop(key, 0) is None:
+                if new != cls:
+                    if orders[cls].pop(key, 0) is None:
                         orders[new][key] = None
+                    cls = new
                 used.append(key)
-            order = orders[block.cls]
+            order = orders[cls]
             if key in order:
                 order.move_to_end(key)
-            block.last_use = now
+            blocks[key] = (cls, uses, bucket, now)
         if self._since_decay >= self.decay_window:
             self._decay()
         self._remember(req_context, used)
@@ -374,18 +375,18 @@ class KVAwareCachePolicy(CachePolicy):
         entries, reuses = self._entries, self._reuses
         moved = 0
         for key in reversed(keys):
-            block = blocks.get(key)
-            if block is None or block.cls == TAIL_CLASS:
+            meta = blocks.get(key)
+            if meta is None or meta[_CLS] == TAIL_CLASS:
                 continue
-            block.output_bucket = bucket
-            old, new = block.cls, _class_of(block.uses, bucket)
+            old, uses, _, last_use = meta
+            new = _class_of(uses, bucket)
+            blocks[key] = (new, uses, bucket, last_use)
             if new == old:
                 continue
             # A correction, not a new trial: the entry moves from the provisional class.
             entries[old] = max(entries[old] - 1.0, reuses[old])
             entries[new] += 1.0
             moved += 1
-            block.cls = new
             if orders[old].pop(key, 0) is None:
                 orders[new][key] = None
         self._since_decay += moved
@@ -396,30 +397,33 @@ class KVAwareCachePolicy(CachePolicy):
         if n <= 0:
             return []
         orders = self._orders
-        if n > sum(len(order) for order in orders):
+        if n > sum(map(len, orders)):
             return None
         blocks = self._blocks
         now = self._now
         horizon = self._horizon()
-        iterators = [iter(order) for order in orders]
-        heads = [_next_unprotected(it, protected) for it in iterators]
-        params = {
-            cls: self._score_params(cls, horizon)
-            for cls, key in enumerate(heads)
-            if key is not None
-        }
+        # Each non-empty class's iterator and its first unprotected key (the candidate).
+        iterators: dict[int, Iterator[OffloadKey]] = {}
+        heads: dict[int, OffloadKey] = {}
+        for cls in compress(range(_NUM_CLASSES), orders):  # the non-empty ones
+            iterator = iter(orders[cls])
+            for head in iterator:
+                if head not in protected:
+                    iterators[cls], heads[cls] = iterator, head
+                    break
+        params = {cls: self._score_params(cls, horizon) for cls in heads}
         exp = math.exp
 
         def score(cls: int, key: OffloadKey) -> float:
             p, inv_gap, within = params[cls]
             if inv_gap == 0.0:
                 return p
-            idle = now - blocks[key].last_use
+            idle = now - blocks[key][_LAST_USE]
             survive = exp(-idle * inv_gap) if idle > 0.0 else 1.0
             return p * survive * within / (1.0 - p + p * survive)
 
         # (score, class) of every class's oldest candidate; ties go to the lower class index.
-        heap = [(score(cls, key), cls) for cls, key in enumerate(heads) if key is not None]
+        heap = [(score(cls, key), cls) for cls, key in heads.items()]
         heapq.heapify(heap)
         chosen: list[OffloadKey] = []
         while len(chosen) < n:
@@ -431,32 +435,47 @@ class KVAwareCachePolicy(CachePolicy):
             runner_up = min(heap[1:3])[0] if len(heap) > 1 else math.inf
             min_idle = self._idle_at_or_below(params[best], runner_up)
             iterator = iterators[best]
-            key = heads[best]
+            chosen.append(heads[best])
+            if min_idle == -math.inf:  # the whole class scores below: no idle times to read
+                if len(chosen) < n:
+                    for key in iterator:
+                        if key not in protected:
+                            chosen.append(key)
+                            if len(chosen) == n:
+                                break
+                    else:  # the class ran out
+                        heapq.heappop(heap)
+                continue
             while True:
-                chosen.append(key)  # type: ignore[arg-type]
-                key = next(iterator, None)
-                while key is not None and key in protected:
-                    key = next(iterator, None)
-                if key is None or len(chosen) == n or now - blocks[key].last_use < min_idle:
+                candidate = next(iterator, None)
+                while candidate is not None and candidate in protected:
+                    candidate = next(iterator, None)
+                if (
+                    candidate is None
+                    or len(chosen) == n
+                    or now - blocks[candidate][_LAST_USE] < min_idle
+                ):
                     break
-            heads[best] = key
-            if key is None:
+                chosen.append(candidate)
+            if candidate is None:
                 heapq.heappop(heap)
             else:
-                heapq.heapreplace(heap, (score(best, key), best))
-        victims: Victims = []
-        ghosts = self._ghosts
-        keep_ghosts = self.ghost_capacity > 0
-        statuses = self._statuses
-        for key in chosen:
-            block = blocks.pop(key)
-            del statuses[key]
-            del orders[block.cls][key]
-            victims.append((key, block.status))
-            if keep_ghosts:
-                ghosts[key] = (block.cls, block.uses, block.last_use)
-        while len(ghosts) > self.ghost_capacity:
-            ghosts.popitem(last=False)
+                heads[best] = candidate
+                heapq.heapreplace(heap, (score(best, candidate), best))
+        victims = list(zip(chosen, map(self._statuses.pop, chosen), strict=True))
+        pop = blocks.pop
+        if self.ghost_capacity > 0:
+            ghosts = self._ghosts
+            for key in chosen:
+                meta = ghosts[key] = pop(key)
+                del orders[meta[_CLS]][key]
+            excess = len(ghosts) - self.ghost_capacity
+            if excess > 0:
+                for key in list(islice(ghosts, excess)):
+                    del ghosts[key]
+        else:
+            for key in chosen:
+                del orders[pop(key)[_CLS]][key]
         return victims
 
     def clear(self) -> None:
@@ -468,9 +487,9 @@ class KVAwareCachePolicy(CachePolicy):
         self._reset_learning()
 
     def mark_evictable(self, key: OffloadKey) -> None:
-        block = self._blocks.get(key)
-        if block is not None:
-            order = self._orders[block.cls]
+        meta = self._blocks.get(key)
+        if meta is not None:
+            order = self._orders[meta[_CLS]]
             order[key] = None
             order.move_to_end(key)
 
@@ -480,18 +499,18 @@ class KVAwareCachePolicy(CachePolicy):
             return
         blocks, orders = self._blocks, self._orders
         for key in keys:
-            block = blocks.get(key)
-            if block is not None:
-                order = orders[block.cls]
+            meta = blocks.get(key)
+            if meta is not None:
+                order = orders[meta[_CLS]]
                 if key in order:
                     order.move_to_end(key)
                 else:
                     order[key] = None
 
     def mark_non_evictable(self, key: OffloadKey) -> None:
-        block = self._blocks.get(key)
-        if block is not None:
-            self._orders[block.cls].pop(key, None)
+        meta = self._blocks.get(key)
+        if meta is not None:
+            self._orders[meta[_CLS]].pop(key, None)
 
     def stats(self) -> Mapping[str, float]:
         out: dict[str, float] = {"ghosts": len(self._ghosts), "horizon": self._horizon()}

@@ -15,24 +15,29 @@ small caches it also crashes or runs away (priorities grow exponentially and its
 search scans every integer up to the largest one). The tests show that a model of that rule
 reproduces libCacheSim exactly while this module follows the published one.
 
-Structure: priorities are not adjacent (a use can jump far ahead), so the order is a binary
-heap of ``(priority, arrival stamp, key)`` entries with lazy deletion: a use or a pin leaves
-the old entry behind as stale, and the heap is rebuilt when stale entries outnumber live ones.
-Operations cost O(log n) amortised; pinned and pending blocks have no live entry, so eviction
-never looks at them. ``evict`` counts the eligible blocks before it pops anything, so a failed
-call changes nothing.
+Structure: evictable blocks sit in one insertion-ordered bucket per priority (order = when
+they reached it), and a min-heap holds the buckets' priorities (an emptied bucket's priority is
+dropped lazily), so the victim is the first block of the lowest bucket. Most blocks are never
+reused and share the bucket ``L + 1``: an insert, a completion or an eviction is a dict
+operation, and the heap moves only when a new priority appears. Pinned and pending blocks are
+in no bucket, so eviction never looks at them. ``evict`` counts the eligible blocks before it
+takes anything, so a failed call changes nothing.
 """
 
 from __future__ import annotations
 
 import heapq
-from collections.abc import Collection, Iterable, Mapping
+from collections import OrderedDict
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from itertools import islice
+from operator import attrgetter
 
 from kvoffload.context import ReqContext
 from kvoffload.keys import OffloadKey
 from kvoffload.policies.base import BlockStatus, CachePolicy, Victims
+from kvoffload.policies.lru import protected_disjoint
 
-_HeapEntry = tuple[int, int, OffloadKey]  # (priority, arrival stamp, key)
+_ref_count = attrgetter("ref_cnt")
 
 
 class LFUDACachePolicy(CachePolicy):
@@ -43,12 +48,16 @@ class LFUDACachePolicy(CachePolicy):
     def __init__(self, cache_capacity: int) -> None:
         super().__init__(cache_capacity)
         self._blocks: dict[OffloadKey, BlockStatus] = {}
-        self._uses: dict[OffloadKey, int] = {}
-        self._priority: dict[OffloadKey, int] = {}
+        # (uses, priority) of every stored key: one tuple, so a store sets one shared value.
+        self._state: dict[OffloadKey, tuple[int, int]] = {}
         self._age = 0  # L: the priority of the last victim
-        self._heap: list[_HeapEntry] = []
-        self._live_stamp: dict[OffloadKey, int] = {}  # evictable key -> its live entry's stamp
-        self._next_stamp = 0
+        # Evictable key -> the priority of the bucket that holds it (its priority when it
+        # entered; an insert over a stored key may change the priority but not the bucket).
+        self._live: dict[OffloadKey, int] = {}
+        self._buckets: dict[int, OrderedDict[OffloadKey, None]] = {}  # none empty
+        # Every bucket's priority, plus stale ones (of buckets emptied since): skipped when
+        # they reach the top, dropped in bulk when they outnumber the buckets.
+        self._bucket_heap: list[int] = []
 
     @property
     def cache_age(self) -> int:
@@ -58,85 +67,166 @@ class LFUDACachePolicy(CachePolicy):
     def get(self, key: OffloadKey) -> BlockStatus | None:
         return self._blocks.get(key)
 
+    @property
+    def block_table(self) -> Mapping[OffloadKey, BlockStatus]:
+        return self._blocks
+
     def insert(
         self, key: OffloadKey, block: BlockStatus, req_context: ReqContext | None = None
     ) -> None:
         self._blocks[key] = block
-        self._uses[key] = 1
-        self._priority[key] = self._age + 1
+        self._state[key] = (1, self._age + 1)
         if block.ref_cnt == 0:
             self._push(key)
 
+    def insert_many(
+        self,
+        keys: Sequence[OffloadKey],
+        blocks: Sequence[BlockStatus],
+        req_context: ReqContext | None = None,
+    ) -> None:
+        stored = self._blocks
+        if (
+            type(self).insert is not LFUDACachePolicy.insert  # a subclass hooks insert
+            or len(keys) != len(blocks)
+            or not stored.keys().isdisjoint(keys)
+        ):
+            super().insert_many(keys, blocks, req_context)
+            return
+        stored.update(zip(keys, blocks, strict=True))
+        self._state.update(dict.fromkeys(keys, (1, self._age + 1)))
+        if 0 in map(_ref_count, blocks):  # usually none: the manager inserts pending blocks
+            for key, block in zip(keys, blocks, strict=True):
+                if block.ref_cnt == 0:
+                    self._push(key)
+
     def remove(self, key: OffloadKey) -> None:
         if self._blocks.pop(key, None) is not None:
-            del self._uses[key], self._priority[key]
-            self._live_stamp.pop(key, None)
+            del self._state[key]
+            bucket = self._live.pop(key, None)
+            if bucket is not None:
+                self._leave(key, bucket)
 
     def touch(self, keys: Iterable[OffloadKey], req_context: ReqContext | None = None) -> None:
         """Count one use of each ready block; walk tail to head so the head is most recent."""
-        blocks, uses, priority = self._blocks, self._uses, self._priority
-        for key in reversed(keys if isinstance(keys, (list, tuple)) else list(keys)):
+        blocks, state, live = self._blocks, self._state, self._live
+        walk = keys if isinstance(keys, (list, tuple)) else list(keys)
+        if blocks.keys().isdisjoint(walk):  # a store's misses: nothing to count
+            return
+        for key in reversed(walk):
             status = blocks.get(key)
             if status is None or status.ref_cnt < 0:
                 continue
-            uses[key] += 1
-            priority[key] = uses[key] + self._age
-            if key in self._live_stamp:
+            uses = state[key][0] + 1
+            state[key] = (uses, uses + self._age)
+            if key in live:
                 self._push(key)
 
     def evict(self, n: int, protected: Collection[OffloadKey]) -> Victims | None:
         if n <= 0:
             return []
-        live = self._live_stamp
+        live = self._live
         if n > len(live) - len(live.keys() & protected):
             return None
-        heap = self._heap
-        chosen: list[_HeapEntry] = []
-        passed: list[_HeapEntry] = []  # live but protected: they go back
-        while len(chosen) < n:
-            entry = heapq.heappop(heap)
-            key = entry[2]
-            if live.get(key) != entry[1]:
-                continue  # stale: the block was used, pinned or removed since
-            (passed if key in protected else chosen).append(entry)
-        for entry in passed:
-            heapq.heappush(heap, entry)
-        self._age = chosen[-1][0]
-        victims: Victims = []
-        for _, _, key in chosen:
-            del live[key], self._uses[key], self._priority[key]
-            victims.append((key, self._blocks.pop(key)))
-        return victims
+        buckets, heap = self._buckets, self._bucket_heap
+        while heap[0] not in buckets:  # stale: that bucket emptied
+            heapq.heappop(heap)
+        lowest = heap[0]
+        bucket = buckets[lowest]
+        chosen = list(islice(bucket, n))
+        if len(chosen) == n and (not protected or protected_disjoint(protected, chosen)):
+            for key in chosen:  # the usual case: the n oldest blocks of the lowest bucket
+                del bucket[key]
+            if not bucket:
+                del buckets[lowest]
+            self._age = lowest
+        else:
+            chosen = []
+            taken: list[int] = []  # the priorities popped off the heap, in order, once each
+            while len(chosen) < n:
+                level = heapq.heappop(heap)
+                if level not in buckets or (taken and taken[-1] == level):
+                    continue  # stale, or a repeat of the one just taken
+                taken.append(level)
+                for key in buckets[level]:
+                    if key not in protected:
+                        chosen.append(key)
+                        if len(chosen) == n:
+                            break
+            self._age = taken[-1]
+            for key in chosen:
+                self._leave(key, live[key])
+            for level in taken:
+                if level in buckets:
+                    heapq.heappush(heap, level)
+        state = self._state
+        for key in chosen:
+            del live[key], state[key]
+        return list(zip(chosen, map(self._blocks.pop, chosen), strict=True))
 
     def clear(self) -> None:
-        for container in (self._blocks, self._uses, self._priority, self._live_stamp):
+        for container in (self._blocks, self._state, self._live, self._buckets):
             container.clear()
-        self._heap.clear()
+        self._bucket_heap.clear()
         self._age = 0
-        self._next_stamp = 0
 
     def mark_evictable(self, key: OffloadKey) -> None:
-        if key in self._blocks and key not in self._live_stamp:
+        if key in self._blocks and key not in self._live:
             self._push(key)
 
+    def mark_evictable_many(self, keys: Sequence[OffloadKey]) -> None:
+        if type(self).mark_evictable is not LFUDACachePolicy.mark_evictable:  # a subclass hook
+            super().mark_evictable_many(keys)
+            return
+        blocks, state, live = self._blocks, self._state, self._live
+        level = None
+        bucket: OrderedDict[OffloadKey, None] = OrderedDict()
+        for key in keys:
+            if key in live or key not in blocks:
+                continue
+            wanted = state[key][1]
+            if wanted != level:  # consecutive keys usually share one priority: L + 1
+                level = wanted
+                bucket = self._bucket(level)
+            live[key] = level
+            bucket[key] = None
+
     def mark_non_evictable(self, key: OffloadKey) -> None:
-        self._live_stamp.pop(key, None)
+        bucket = self._live.pop(key, None)
+        if bucket is not None:
+            self._leave(key, bucket)
 
     def stats(self) -> Mapping[str, float]:
         return {
             "blocks": len(self._blocks),
-            "evictable": len(self._live_stamp),
+            "evictable": len(self._live),
             "cache_age": self._age,
         }
 
     def _push(self, key: OffloadKey) -> None:
-        """Give ``key`` a fresh live heap entry (any older one becomes stale)."""
-        stamp = self._next_stamp
-        self._next_stamp += 1
-        self._live_stamp[key] = stamp
-        heap = self._heap
-        heapq.heappush(heap, (self._priority[key], stamp, key))
-        if len(heap) > 2 * len(self._live_stamp) + 16:
-            priority = self._priority
-            self._heap = [(priority[k], s, k) for k, s in self._live_stamp.items()]
-            heapq.heapify(self._heap)
+        """Put ``key`` last in the bucket of its current priority (leaving any older one)."""
+        live = self._live
+        old = live.get(key)
+        if old is not None:
+            self._leave(key, old)
+        level = live[key] = self._state[key][1]
+        self._bucket(level)[key] = None
+
+    def _bucket(self, level: int) -> OrderedDict[OffloadKey, None]:
+        """The bucket of priority ``level``, created (and its priority pushed) if need be."""
+        bucket = self._buckets.get(level)
+        if bucket is None:
+            bucket = self._buckets[level] = OrderedDict()
+            heap = self._bucket_heap
+            heapq.heappush(heap, level)
+            if len(heap) > 2 * len(self._buckets) + 16:
+                self._bucket_heap = list(self._buckets)
+                heapq.heapify(self._bucket_heap)
+        return bucket
+
+    def _leave(self, key: OffloadKey, level: int) -> None:
+        """Take ``key`` out of the bucket of priority ``level``; an emptied bucket goes."""
+        bucket = self._buckets[level]
+        del bucket[key]
+        if not bucket:
+            del self._buckets[level]

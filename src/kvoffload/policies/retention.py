@@ -30,12 +30,16 @@ import heapq
 import math
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
+from itertools import islice
+from operator import attrgetter
 
 from kvoffload.context import ReqContext
 from kvoffload.keys import OffloadKey
 from kvoffload.policies.base import BlockStatus, CachePolicy, Victims
+from kvoffload.policies.lru import protected_disjoint
 
+_ref_count = attrgetter("ref_cnt")
 MIN_PRIORITY = 0
 MAX_PRIORITY = 100
 
@@ -63,20 +67,6 @@ def _check_duration(value: object, req_id: str) -> float | None:
     return float(value)
 
 
-class _Entry:
-    """A stored block: its status, priority level, deadline and whether it can be evicted."""
-
-    __slots__ = ("deadline", "deadline_id", "evictable", "expired", "level", "status")
-
-    def __init__(self, status: BlockStatus, level: int) -> None:
-        self.status = status
-        self.level = level
-        self.deadline: float | None = None  # when ``level`` falls back to the default
-        self.deadline_id = -1  # which heap entry is current
-        self.evictable = status.ref_cnt == 0  # per the manager's mark hooks
-        self.expired = False  # listed in the expired order (below the default level)
-
-
 class RetentionCachePolicy(CachePolicy):
     """Retention priorities (TensorRT-LLM style): low priority first, LRU within a level."""
 
@@ -94,12 +84,19 @@ class RetentionCachePolicy(CachePolicy):
         if not callable(clock):
             raise ValueError(f"clock must be a callable returning seconds, got {clock!r}")
         self._clock = clock
-        self._entries: dict[OffloadKey, _Entry] = {}
+        # Per stored block, in flat dicts and sets rather than one object per block: most
+        # blocks only ever need a status and a level, set for a whole store in one C call.
+        self._statuses: dict[OffloadKey, BlockStatus] = {}  # the block table
+        self._level: dict[OffloadKey, int] = {}
+        self._deadline: dict[OffloadKey, tuple[float, int]] = {}  # (when, heap id); few keys
+        # Evictable (per the manager's mark hooks) is listed, or user-pinned and in this set.
+        self._pinned_evictable: set[OffloadKey] = set()
         # Listed (evictable, not user-pinned) blocks per level, least recent first.
         self._levels: list[OrderedDict[OffloadKey, None]] = [
             OrderedDict() for _ in range(MAX_PRIORITY + 1)
         ]
         self._nonempty = 0  # bit i set <=> self._levels[i] is not empty
+        # Listed blocks whose priority expired (below the default level), in expiry order.
         self._expired: OrderedDict[OffloadKey, None] = OrderedDict()
         self._listed = 0
         self._deadlines: list[tuple[float, int, OffloadKey]] = []  # lazy min-heap
@@ -119,10 +116,15 @@ class RetentionCachePolicy(CachePolicy):
             return self._trace_time
         return self._clock()
 
-    def _request_priority(
-        self, req_context: ReqContext | None, now: float
-    ) -> tuple[int, float | None]:
-        """The (level, deadline) a request gives its blocks; deadline ``None`` = no expiry."""
+    def _known_now(self, req_context: ReqContext | None) -> float | None:
+        """:meth:`_now` when it needs no clock reading (``None`` otherwise): callers read
+        the clock only when a deadline needs it, and at most once per call."""
+        if req_context is not None and req_context.timestamp is not None:
+            return self._now(req_context)
+        return self._trace_time
+
+    def _request_priority(self, req_context: ReqContext | None) -> tuple[int, float | None]:
+        """The (level, duration) a request gives its blocks; duration ``None`` = no expiry."""
         if req_context is None or req_context.priority is None:
             return self.default_priority, None
         req_id = req_context.req_id
@@ -130,93 +132,91 @@ class RetentionCachePolicy(CachePolicy):
         duration = _check_duration(req_context.priority_duration_s, req_id)
         if level == self.default_priority or duration is None:
             return level, None
-        return level, now + duration
+        return level, duration
 
-    def _set_deadline(self, key: OffloadKey, entry: _Entry, deadline: float | None) -> None:
-        entry.deadline = deadline
+    def _set_deadline(self, key: OffloadKey, deadline: float | None) -> None:
         if deadline is None:
-            entry.deadline_id = -1
+            self._deadline.pop(key, None)
             return
-        entry.deadline_id = self._next_deadline_id
+        deadline_id = self._next_deadline_id
         self._next_deadline_id += 1
-        heapq.heappush(self._deadlines, (deadline, entry.deadline_id, key))
-        if len(self._deadlines) > 2 * len(self._entries) + 64:
+        self._deadline[key] = (deadline, deadline_id)
+        heapq.heappush(self._deadlines, (deadline, deadline_id, key))
+        if len(self._deadlines) > 2 * len(self._statuses) + 64:
             self._compact_deadlines()
 
     def _compact_deadlines(self) -> None:
-        entries = self._entries
+        current = self._deadline
         self._deadlines = [
             item
             for item in self._deadlines
-            if (entry := entries.get(item[2])) is not None and entry.deadline_id == item[1]
+            if (known := current.get(item[2])) is not None and known[1] == item[1]
         ]
         heapq.heapify(self._deadlines)
 
-    def _expire_if_due(self, entry: _Entry, now: float) -> bool:
-        if entry.deadline is None or entry.deadline > now:
+    def _expire_if_due(self, key: OffloadKey, now: float) -> bool:
+        deadline = self._deadline.get(key)
+        if deadline is None or deadline[0] > now:
             return False
-        entry.level = self.default_priority
-        entry.deadline = None
-        entry.deadline_id = -1
+        self._level[key] = self.default_priority
+        del self._deadline[key]
         self._expirations += 1
         return True
 
-    def _raise_priority(
-        self, key: OffloadKey, entry: _Entry, level: int, deadline: float | None
-    ) -> None:
-        if level > entry.level:
-            entry.level = level
-            self._set_deadline(key, entry, deadline)
-        elif level == entry.level and entry.deadline is not None:
-            if deadline is None:
-                self._set_deadline(key, entry, None)
-            elif deadline > entry.deadline:
-                self._set_deadline(key, entry, deadline)
+    def _raise_priority(self, key: OffloadKey, level: int, deadline: float | None) -> None:
+        current = self._level[key]
+        if level > current:
+            self._level[key] = level
+            self._set_deadline(key, deadline)
+        elif level == current:
+            known = self._deadline.get(key)
+            if known is not None and (deadline is None or deadline > known[0]):
+                self._set_deadline(key, deadline)
 
     def _process_expiries(self, now: float) -> None:
-        heap, entries = self._deadlines, self._entries
+        heap, current = self._deadlines, self._deadline
         while heap and heap[0][0] <= now:
             _, deadline_id, key = heapq.heappop(heap)
-            entry = entries.get(key)
-            if entry is None or entry.deadline_id != deadline_id:
+            known = current.get(key)
+            if known is None or known[1] != deadline_id:
                 continue
-            listed = self._is_listed(key, entry)
+            listed = self._is_listed(key)
             if listed:
-                self._unlist(key, entry)
-            self._expire_if_due(entry, now)
+                self._unlist(key)
+            self._expire_if_due(key, now)
             if listed:
-                entry.expired = True
-                self._list(key, entry)
+                self._expired[key] = None
+                self._listed += 1
 
     # ------------------------------------------------------------------ the orders
-    def _is_listed(self, key: OffloadKey, entry: _Entry) -> bool:
-        return entry.evictable and key not in self._user_pinned
+    def _is_listed(self, key: OffloadKey) -> bool:
+        """Whether ``key`` (stored) is in an order: evictable and not user-pinned."""
+        return key in self._levels[self._level[key]] or key in self._expired
 
-    def _list(self, key: OffloadKey, entry: _Entry) -> None:
-        """Append ``key`` at the most recent end of its order."""
-        if entry.expired:
-            self._expired[key] = None
-        else:
-            self._levels[entry.level][key] = None
-            self._nonempty |= 1 << entry.level
+    def _list(self, key: OffloadKey) -> None:
+        """Append ``key`` at the most recent end of its level's order."""
+        level = self._level[key]
+        self._levels[level][key] = None
+        self._nonempty |= 1 << level
         self._listed += 1
 
-    def _unlist(self, key: OffloadKey, entry: _Entry) -> None:
-        if entry.expired:
+    def _unlist(self, key: OffloadKey) -> None:
+        if key in self._expired:
             del self._expired[key]
         else:
-            order = self._levels[entry.level]
+            level = self._level[key]
+            order = self._levels[level]
             del order[key]
             if not order:
-                self._nonempty &= ~(1 << entry.level)
+                self._nonempty &= ~(1 << level)
         self._listed -= 1
 
-    def _relist_as_used(self, key: OffloadKey, entry: _Entry, now: float) -> None:
+    def _relist_as_used(self, key: OffloadKey, evictable: bool) -> None:
         """(Re-)enter an unlisted ``key`` as just used: due expiry applied, most recent."""
-        self._expire_if_due(entry, now)
-        entry.expired = False
-        if self._is_listed(key, entry):
-            self._list(key, entry)
+        if key in self._deadline:
+            self._expire_if_due(key, self._now(None))
+        if evictable and key not in self._user_pinned:
+            self._list(key)
 
     def _eviction_orders(self) -> Iterator[OrderedDict[OffloadKey, None]]:
         """Orders in eviction sequence: levels ascending, expired blocks just below default."""
@@ -234,56 +234,123 @@ class RetentionCachePolicy(CachePolicy):
         if expired_first:
             yield self._expired
 
+    def _forget(self, key: OffloadKey) -> BlockStatus:
+        """Drop an unlisted stored ``key`` from every table; return its status."""
+        del self._level[key]
+        self._pinned_evictable.discard(key)
+        if self._deadline:
+            self._deadline.pop(key, None)
+        return self._statuses.pop(key)
+
     # ------------------------------------------------------------------ the contract
     def get(self, key: OffloadKey) -> BlockStatus | None:
-        entry = self._entries.get(key)
-        return entry.status if entry is not None else None
+        return self._statuses.get(key)
+
+    @property
+    def block_table(self) -> Mapping[OffloadKey, BlockStatus]:
+        return self._statuses
 
     def insert(
         self, key: OffloadKey, block: BlockStatus, req_context: ReqContext | None = None
     ) -> None:
-        if key in self._entries:
+        if key in self._statuses:
             self.remove(key)
-        now = self._now(req_context)
-        level, deadline = self._request_priority(req_context, now)
-        entry = self._entries[key] = _Entry(block, level)
-        self._set_deadline(key, entry, deadline)
-        if self._is_listed(key, entry):
-            self._list(key, entry)
+        now = self._known_now(req_context)
+        level, duration = self._request_priority(req_context)
+        self._statuses[key] = block
+        self._level[key] = level
+        if duration is not None:
+            self._set_deadline(key, (self._clock() if now is None else now) + duration)
+        if block.ref_cnt == 0:
+            self._list(key)
+
+    def insert_many(
+        self,
+        keys: Sequence[OffloadKey],
+        blocks: Sequence[BlockStatus],
+        req_context: ReqContext | None = None,
+    ) -> None:
+        statuses = self._statuses
+        if (
+            type(self).insert is not RetentionCachePolicy.insert  # a subclass hooks insert
+            or not keys
+            or len(keys) != len(blocks)
+            or not statuses.keys().isdisjoint(keys)
+        ):
+            super().insert_many(keys, blocks, req_context)
+            return
+        self._known_now(req_context)
+        level, duration = self._request_priority(req_context)
+        before = len(statuses)
+        statuses.update(zip(keys, blocks, strict=True))
+        if duration is not None or len(statuses) - before != len(keys):
+            for key in keys:  # deadlines, or a key repeated: one insert at a time
+                statuses.pop(key, None)
+            super().insert_many(keys, blocks, req_context)
+            return
+        self._level.update(dict.fromkeys(keys, level))
+        if 0 in map(_ref_count, blocks):  # usually none: the manager inserts pending blocks
+            for key, block in zip(keys, blocks, strict=True):
+                if block.ref_cnt == 0:
+                    self._list(key)
 
     def remove(self, key: OffloadKey) -> None:
-        entry = self._entries.get(key)
-        if entry is None:
+        if key not in self._statuses:
             return
-        if self._is_listed(key, entry):
-            self._unlist(key, entry)
-        del self._entries[key]
+        if self._is_listed(key):
+            self._unlist(key)
+        self._forget(key)
         self._user_pinned.discard(key)
 
     def touch(self, keys: Iterable[OffloadKey], req_context: ReqContext | None = None) -> None:
-        now = self._now(req_context)
-        level, deadline = self._request_priority(req_context, now)
-        entries = self._entries
-        for key in reversed(keys if isinstance(keys, (list, tuple)) else list(keys)):
-            entry = entries.get(key)
-            if entry is None:
+        now = self._known_now(req_context)
+        level, duration = self._request_priority(req_context)
+        walk = keys if isinstance(keys, (list, tuple)) else list(keys)
+        statuses = self._statuses
+        if statuses.keys().isdisjoint(walk):  # a store's misses: nothing to record
+            return
+        deadline = None
+        if duration is not None:
+            now = self._clock() if now is None else now
+            deadline = now + duration
+        deadlines = self._deadline
+        for key in reversed(walk):
+            if key not in statuses:
                 continue
-            listed = self._is_listed(key, entry)
+            listed = self._is_listed(key)
             if listed:
-                self._unlist(key, entry)
-            self._expire_if_due(entry, now)
-            self._raise_priority(key, entry, level, deadline)
-            entry.expired = False
+                self._unlist(key)
+            if key in deadlines:
+                now = self._clock() if now is None else now
+                self._expire_if_due(key, now)
+            self._raise_priority(key, level, deadline)
             if listed:
-                self._list(key, entry)
+                self._list(key)
 
     def evict(self, n: int, protected: Collection[OffloadKey]) -> Victims | None:
         if n <= 0:
             return []
-        self._process_expiries(self._now(None))
+        if self._deadlines:
+            self._process_expiries(self._now(None))
         if n > self._listed:
             return None
-        chosen: list[OffloadKey] = []
+        nonempty = self._nonempty
+        level = (nonempty & -nonempty).bit_length() - 1
+        if level >= 0 and (level < self.default_priority or not self._expired):
+            order = self._levels[level]  # the lowest order: the usual source of every victim
+            chosen = list(islice(order, n))
+            if len(chosen) == n and (not protected or protected_disjoint(protected, chosen)):
+                level_of = self._level
+                for key in chosen:
+                    del order[key], level_of[key]
+                if not order:
+                    self._nonempty = nonempty & ~(1 << level)
+                self._listed -= n
+                if self._deadline:
+                    for key in chosen:
+                        self._deadline.pop(key, None)
+                return list(zip(chosen, map(self._statuses.pop, chosen), strict=True))
+        chosen = []
         for order in self._eviction_orders():
             for key in order:
                 if key not in protected:
@@ -294,16 +361,17 @@ class RetentionCachePolicy(CachePolicy):
                 break
         else:
             return None
-        victims: Victims = []
-        entries = self._entries
+        victims = []
         for key in chosen:
-            entry = entries.pop(key)
-            self._unlist(key, entry)
-            victims.append((key, entry.status))
+            self._unlist(key)
+            victims.append((key, self._forget(key)))
         return victims
 
     def clear(self) -> None:
-        self._entries.clear()
+        self._statuses.clear()
+        self._level.clear()
+        self._deadline.clear()
+        self._pinned_evictable.clear()
         for order in self._levels:
             order.clear()
         self._nonempty = 0
@@ -315,22 +383,45 @@ class RetentionCachePolicy(CachePolicy):
         self._expirations = 0
 
     def mark_evictable(self, key: OffloadKey) -> None:
-        entry = self._entries.get(key)
-        if entry is None:
+        if key not in self._statuses:
             return
-        if self._is_listed(key, entry):
-            self._unlist(key, entry)
-        entry.evictable = True
-        self._relist_as_used(key, entry, self._now(None))
+        if self._is_listed(key):
+            self._unlist(key)
+        elif key in self._user_pinned:
+            self._pinned_evictable.add(key)
+        self._relist_as_used(key, True)
+
+    def mark_evictable_many(self, keys: Sequence[OffloadKey]) -> None:
+        if type(self).mark_evictable is not RetentionCachePolicy.mark_evictable:  # a subclass
+            super().mark_evictable_many(keys)
+            return
+        level_of, levels, expired = self._level, self._levels, self._expired
+        pinned, deadlines = self._user_pinned, self._deadline
+        special = bool(pinned or deadlines or expired)
+        nonempty, listed = self._nonempty, self._listed
+        for key in keys:
+            level = level_of.get(key)
+            if level is None:
+                continue  # not stored
+            order = levels[level]
+            if key in order or (special and (key in pinned or key in deadlines or key in expired)):
+                self._nonempty, self._listed = nonempty, listed
+                self.mark_evictable(key)  # re-listed, user-pinned or with a deadline
+                nonempty, listed = self._nonempty, self._listed
+                continue
+            # The usual case (a completed store): listed at the most recent end of its level.
+            order[key] = None
+            nonempty |= 1 << level
+            listed += 1
+        self._nonempty, self._listed = nonempty, listed
 
     def mark_non_evictable(self, key: OffloadKey) -> None:
-        entry = self._entries.get(key)
-        if entry is None or not entry.evictable:
+        if key not in self._statuses:
             return
-        if self._is_listed(key, entry):
-            self._unlist(key, entry)
-        entry.evictable = False
-        entry.expired = False
+        if key in self._user_pinned:
+            self._pinned_evictable.discard(key)
+        elif self._is_listed(key):
+            self._unlist(key)
 
     # ------------------------------------------------------------------ user pins
     def pin(self, keys: Iterable[OffloadKey]) -> int:
@@ -341,30 +432,28 @@ class RetentionCachePolicy(CachePolicy):
         """
         pinned = 0
         for key in keys:
-            entry = self._entries.get(key)
-            if entry is None:
+            if key not in self._statuses:
                 continue
             pinned += 1
             if key in self._user_pinned:
                 continue
-            if self._is_listed(key, entry):
-                self._unlist(key, entry)
-            entry.expired = False
+            if self._is_listed(key):
+                self._unlist(key)
+                self._pinned_evictable.add(key)
             self._user_pinned.add(key)
         return pinned
 
     def unpin(self, keys: Iterable[OffloadKey]) -> int:
         """Undo :meth:`pin` for ``keys``; return how many were pinned. Unpinning is a use."""
         unpinned = 0
-        now: float | None = None
         for key in keys:
             if key not in self._user_pinned:
                 continue
             self._user_pinned.remove(key)
             unpinned += 1
-            if now is None:
-                now = self._now(None)
-            self._relist_as_used(key, self._entries[key], now)
+            evictable = key in self._pinned_evictable
+            self._pinned_evictable.discard(key)
+            self._relist_as_used(key, evictable)
         return unpinned
 
     def is_pinned(self, key: OffloadKey) -> bool:
@@ -373,16 +462,17 @@ class RetentionCachePolicy(CachePolicy):
 
     def priority(self, key: OffloadKey) -> int | None:
         """``key``'s current priority level (an expired one reads as the default), or ``None``."""
-        entry = self._entries.get(key)
-        if entry is None:
+        level = self._level.get(key)
+        if level is None:
             return None
-        if entry.deadline is not None and entry.deadline <= self._now(None):
+        deadline = self._deadline.get(key)
+        if deadline is not None and deadline[0] <= self._now(None):
             return self.default_priority
-        return entry.level
+        return level
 
     def stats(self) -> Mapping[str, float]:
         return {
-            "blocks": len(self._entries),
+            "blocks": len(self._statuses),
             "evictable": self._listed,
             "user_pinned": len(self._user_pinned),
             "expired_waiting": len(self._expired),
