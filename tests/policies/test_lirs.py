@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from replay_helpers import (
     TRACE_FRACTIONS,
     import_libcachesim,
     libcachesim_hits,
+    manager_decisions,
+    one_at_a_time,
     pin,
     random_sequences,
     store_ready,
@@ -230,3 +234,13 @@ def test_remove_leaves_no_ghost_and_failed_evict_changes_nothing() -> None:
 def test_bad_parameters_are_rejected(params: dict[str, object], error: type[Exception]) -> None:
     with pytest.raises(error, match=next(iter(params))):
         LIRSCachePolicy(8, **params)  # type: ignore[arg-type]
+
+
+# ------------------------------------------------------------------ batched calls
+@pytest.mark.parametrize("capacity", [6, 40])
+@pytest.mark.parametrize("params", [{}, {"hir_ratio": 0.3, "stack_ratio": 1.5}])
+def test_batched_calls_decide_like_single_calls(capacity: int, params: dict[str, Any]) -> None:
+    batched = manager_decisions(LIRSCachePolicy(capacity, **params), capacity)
+    assert batched == manager_decisions(
+        one_at_a_time(LIRSCachePolicy)(capacity, **params), capacity
+    )

@@ -19,6 +19,8 @@ from replay_helpers import (
     TRACE_FRACTIONS,
     import_libcachesim,
     libcachesim_hits,
+    manager_decisions,
+    one_at_a_time,
     pin,
     random_sequences,
     store_ready,
@@ -329,3 +331,13 @@ def test_ghost_is_bounded() -> None:
 def test_bad_parameters_are_rejected(params: dict[str, object], error: type[Exception]) -> None:
     with pytest.raises(error, match=next(iter(params))):
         S3FIFOCachePolicy(10, **params)  # type: ignore[arg-type]
+
+
+# ------------------------------------------------------------------ batched calls
+@pytest.mark.parametrize("capacity", [6, 40])
+@pytest.mark.parametrize("params", PARAM_SETTINGS)
+def test_batched_calls_decide_like_single_calls(capacity: int, params: dict[str, Any]) -> None:
+    batched = manager_decisions(S3FIFOCachePolicy(capacity, **params), capacity)
+    assert batched == manager_decisions(
+        one_at_a_time(S3FIFOCachePolicy)(capacity, **params), capacity
+    )

@@ -29,11 +29,13 @@ a LIR block moves to S's top, a HIR block to Q's tail.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from itertools import islice
 
 from kvoffload.context import ReqContext
 from kvoffload.keys import OffloadKey
 from kvoffload.policies.base import BlockStatus, CachePolicy, Victims
+from kvoffload.policies.lru import protected_disjoint
 
 
 def _check_ratio(name: str, value: float, low: float, high: float) -> float:
@@ -67,6 +69,10 @@ class LIRSCachePolicy(CachePolicy):
 
     def get(self, key: OffloadKey) -> BlockStatus | None:
         return self._blocks.get(key)
+
+    @property
+    def block_table(self) -> Mapping[OffloadKey, BlockStatus]:
+        return self._blocks
 
     def insert(
         self, key: OffloadKey, block: BlockStatus, req_context: ReqContext | None = None
@@ -126,7 +132,10 @@ class LIRSCachePolicy(CachePolicy):
             self._stack.pop(key, None)
 
     def touch(self, keys: Iterable[OffloadKey], req_context: ReqContext | None = None) -> None:
-        for key in reversed(keys if isinstance(keys, (list, tuple)) else list(keys)):
+        walk = keys if isinstance(keys, (list, tuple)) else list(keys)
+        if self._blocks.keys().isdisjoint(walk) and self._ghosts.keys().isdisjoint(walk):
+            return  # unknown misses (most of a store's keys): nothing to record
+        for key in reversed(walk):
             if key in self._lir:
                 self._stack.move_to_end(key)
                 if key in self._lir_order:
@@ -151,22 +160,22 @@ class LIRSCachePolicy(CachePolicy):
             return []
         if n > len(self._queue) + len(self._lir_order):
             return None
-        chosen_hir: list[OffloadKey] = []
+        chosen_hir: list[OffloadKey] = list(islice(self._queue, n))
         chosen_lir: list[OffloadKey] = []
-        for order, chosen in ((self._queue, chosen_hir), (self._lir_order, chosen_lir)):
-            for key in order:
-                if len(chosen_hir) + len(chosen_lir) == n:
-                    break
-                if key not in protected:
-                    chosen.append(key)
-        if len(chosen_hir) + len(chosen_lir) < n:
-            return None
+        if len(chosen_hir) == n and (not protected or protected_disjoint(protected, chosen_hir)):
+            pass  # the usual case: Q's n oldest blocks
+        else:
+            chosen_hir = []
+            self._choose(n, protected, chosen_hir, chosen_lir)
+            if len(chosen_hir) + len(chosen_lir) < n:
+                return None
         victims: Victims = []
+        queue, blocks, stack, ghosts = self._queue, self._blocks, self._stack, self._ghosts
         for key in chosen_hir:
-            del self._queue[key]
-            victims.append((key, self._blocks.pop(key)))
-            if key in self._stack:
-                self._ghosts[key] = None
+            del queue[key]
+            victims.append((key, blocks.pop(key)))
+            if key in stack:
+                ghosts[key] = None
         for key in chosen_lir:
             del self._lir_order[key]
             self._lir.discard(key)
@@ -176,9 +185,29 @@ class LIRSCachePolicy(CachePolicy):
             self._prune()
         return victims
 
+    def _choose(
+        self,
+        n: int,
+        protected: Collection[OffloadKey],
+        chosen_hir: list[OffloadKey],
+        chosen_lir: list[OffloadKey],
+    ) -> None:
+        """Q's unprotected blocks, oldest first, then the LIR blocks', up to ``n`` in all."""
+        for order, chosen in ((self._queue, chosen_hir), (self._lir_order, chosen_lir)):
+            for key in order:
+                if len(chosen_hir) + len(chosen_lir) == n:
+                    break
+                if key not in protected:
+                    chosen.append(key)
+
     def clear(self) -> None:
         for container in (
-            self._blocks, self._lir, self._stack, self._queue, self._lir_order, self._ghosts
+            self._blocks,
+            self._lir,
+            self._stack,
+            self._queue,
+            self._lir_order,
+            self._ghosts,
         ):
             container.clear()
 
@@ -191,6 +220,18 @@ class LIRSCachePolicy(CachePolicy):
         elif key in self._blocks:
             self._queue[key] = None
             self._queue.move_to_end(key)
+
+    def mark_evictable_many(self, keys: Sequence[OffloadKey]) -> None:
+        if type(self).mark_evictable is not LIRSCachePolicy.mark_evictable:  # a subclass hook
+            super().mark_evictable_many(keys)
+            return
+        lir, blocks, queue = self._lir, self._blocks, self._queue
+        for key in keys:  # mark_evictable, inlined for the HIR blocks (completed stores)
+            if key in lir:
+                self.mark_evictable(key)
+            elif key in blocks:
+                queue[key] = None
+                queue.move_to_end(key)
 
     def mark_non_evictable(self, key: OffloadKey) -> None:
         self._lir_order.pop(key, None)

@@ -194,7 +194,7 @@ class MQCachePolicy(CachePolicy):
                     self._revive(key)
             return
         # No hits: only Qout is involved. Qout hits are recorded in walk order, trimmed after.
-        if qout:
+        if qout and not qout.keys().isdisjoint(keys):
             revived = self._revived
             for key in reversed(keys):
                 if key in qout:

@@ -27,26 +27,26 @@ from __future__ import annotations
 
 import itertools
 from collections import OrderedDict
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from typing import Any
 
 from kvoffload.context import ReqContext
 from kvoffload.keys import OffloadKey
 from kvoffload.policies.base import BlockStatus, CachePolicy, Victims
 
 _INSTANCE_IDS = itertools.count()
+_UNSEEN: Any = object()  # a key the request did not touch
 
 
-class _Node:
-    """One cached block: its status, its parent (a node, maybe dead) and live child count."""
+# One cached block: ``[children, parent, key, alive]``, a list rather than an object because
+# one is built for every stored block. ``children`` counts the live nodes linked to it;
+# ``parent`` is a node (maybe dead since: a re-stored key gets a new node) or ``None``.
+_Node = list[Any]
+_CHILDREN, _PARENT, _KEY, _ALIVE = 0, 1, 2, 3  # (the hot loops index with the literals)
 
-    __slots__ = ("alive", "children", "key", "parent", "status")
 
-    def __init__(self, key: OffloadKey, status: BlockStatus, parent: _Node | None) -> None:
-        self.key = key
-        self.status = status
-        self.parent = parent
-        self.children = 0
-        self.alive = True
+def _new_node(key: OffloadKey, parent: _Node | None) -> _Node:
+    return [0, parent, key, True]
 
 
 class _Chain:
@@ -138,10 +138,10 @@ class PrefixLRUCachePolicy(CachePolicy):
         if key in self._nodes:
             self.remove(key)
         parent = self._parent_of(key, req_context)
-        self._nodes[key] = _Node(key, block, parent)
+        self._nodes[key] = _new_node(key, parent)
         self._blocks[key] = block
         if parent is not None:
-            parent.children += 1
+            parent[_CHILDREN] += 1
         if block.ref_cnt == 0:
             self._order[key] = None
 
@@ -157,17 +157,16 @@ class PrefixLRUCachePolicy(CachePolicy):
         # insert for each key, with the chain and the key positions looked up once per key.
         nodes, statuses, order = self._nodes, self._blocks, self._order
         chain = self._chain(req_context)
-        pred = chain.pred
-        position = None if req_context is None else req_context.get_offload_key_position
+        # Every key's touched predecessor, taken off the chain now (as each insert would).
+        parent_keys = list(map(chain.pred.pop, keys, itertools.repeat(_UNSEEN)))
+        position = None if req_context is None else _position_getter(req_context)
         last_key: OffloadKey | None = None  # the previous key and its position
         last_end: int | None = None
-        for key, block in zip(keys, blocks, strict=True):
+        for key, block, parent_key in zip(keys, blocks, parent_keys, strict=True):
             if key in nodes:
                 self.remove(key)
-            if key in pred:
-                parent_key = pred.pop(key)
-            else:  # inserted without a touch first: it follows whatever the request saw last
-                parent_key = chain.last if chain.last != key else None
+            if parent_key is _UNSEEN:  # inserted without a touch first: it follows whatever
+                parent_key = chain.last if chain.last != key else None  # the request saw last
                 chain.last = key
             parent = None
             if position is None:
@@ -180,10 +179,10 @@ class PrefixLRUCachePolicy(CachePolicy):
                     if parent_end is None or key_end is None or parent_end < key_end:
                         parent = nodes.get(parent_key)
                 last_key, last_end = key, key_end
-            nodes[key] = _Node(key, block, parent)
+            nodes[key] = [0, parent, key, True]  # _new_node(key, parent)
             statuses[key] = block
             if parent is not None:
-                parent.children += 1
+                parent[0] += 1
             if block.ref_cnt == 0:
                 order[key] = None
 
@@ -197,19 +196,22 @@ class PrefixLRUCachePolicy(CachePolicy):
 
     def _detach(self, node: _Node) -> None:
         """``node`` left the cache: its parent loses a child and may become a leaf."""
-        node.alive = False
-        parent, node.parent = node.parent, None
-        if parent is None or not parent.alive:
+        node[_ALIVE] = False
+        parent, node[_PARENT] = node[_PARENT], None
+        if parent is None or not parent[_ALIVE]:
             return
-        parent.children -= 1
-        if parent.children == 0 and parent.key in self._waiting:
-            del self._waiting[parent.key]
-            self._order[parent.key] = None
-            self._order.move_to_end(parent.key, last=False)
+        parent[_CHILDREN] -= 1
+        parent_key = parent[_KEY]
+        if parent[_CHILDREN] == 0 and parent_key in self._waiting:
+            del self._waiting[parent_key]
+            self._order[parent_key] = None
+            self._order.move_to_end(parent_key, last=False)
 
     def touch(self, keys: Iterable[OffloadKey], req_context: ReqContext | None = None) -> None:
         keys = keys if isinstance(keys, list) else list(keys)
         self._record_chain(keys, req_context)
+        if self._blocks.keys().isdisjoint(keys):  # a store's misses: nothing to reorder
+            return
         order, waiting = self._order, self._waiting
         for key in reversed(keys):
             if key in order:
@@ -221,45 +223,78 @@ class PrefixLRUCachePolicy(CachePolicy):
     def evict(self, n: int, protected: Collection[OffloadKey]) -> Victims | None:
         if n <= 0:
             return []
-        if n > len(self._order) + len(self._waiting):
-            return None
-        plan = _EvictionPlan(self._nodes, self._waiting, protected)
-        plan.take_leaves(self._order, n)
-        if len(plan.chosen) < n:
-            plan.take_forced(n)
-        if len(plan.chosen) < n:
-            return None
-        return self._commit(plan)
-
-    def _commit(self, plan: _EvictionPlan) -> Victims:
         order, waiting, nodes = self._order, self._waiting, self._nodes
-        if plan.deferred:
-            chosen = set(plan.chosen)
-            for key in plan.deferred:
-                if key not in chosen:
+        if n > len(order) + len(waiting):
+            return None
+        # Walk the LRU order; a block with children left is deferred; a parent freed behind the
+        # walk (waiting or deferred) is the next victim. Each victim's parent loses its child
+        # right away (undone if the call fails), so a count of 0 means "no child left".
+        chosen: list[OffloadKey] = []
+        deferred: list[OffloadKey] = []  # walked blocks with children, in walk order
+        deferred_set: set[OffloadKey] = set()
+        freed: list[OffloadKey] = []  # parents freed behind the walk but not taken, in order
+        left = n
+        for key in order:
+            node = nodes[key]
+            if node[0]:  # children left
+                deferred.append(key)
+                deferred_set.add(key)
+                continue
+            if key in protected:
+                continue
+            while True:  # take it; its parent is next if that just became a free leaf behind
+                chosen.append(key)
+                left -= 1
+                parent = node[1]
+                if parent is None or not parent[3]:
+                    break
+                parent[0] -= 1
+                if parent[0]:
+                    break
+                key = parent[2]
+                if key not in waiting and key not in deferred_set:
+                    break  # still ahead in the walk (or walked and protected): no move
+                if not left or key in protected:
+                    freed.append(key)  # re-enters the walk's front at commit
+                    break
+                node = parent
+            if not left:
+                break
+        walked = len(chosen)
+        if left:
+            _take_forced(nodes, waiting, protected, chosen, deferred, n)
+            if len(chosen) < n:  # fail: give the walked victims' parents their children back
+                for key in chosen[:walked]:
+                    parent = nodes[key][1]
+                    if parent is not None and parent[3]:
+                        parent[0] += 1
+                return None
+        # Commit.
+        if deferred:
+            taken = set(chosen)
+            for key in deferred:
+                if key not in taken:
                     del order[key]
                     waiting[key] = None
-        pop_status = self._blocks.pop
-        victims: Victims = []
-        append = victims.append
-        for key in plan.chosen:
-            node = nodes.pop(key)
-            if key in order:  # _unlist
+        victims = list(zip(chosen, map(self._blocks.pop, chosen), strict=True))
+        for key in chosen[:walked] if left else chosen:
+            del nodes[key]  # a leaf: no live node refers to it
+            if key in order:
                 del order[key]
             else:
                 waiting.pop(key, None)
-            if node.children > 0:
-                self._forced += 1
-            # _detach: the parent loses a child and may become a leaf.
-            node.alive = False
-            parent, node.parent = node.parent, None
-            if parent is not None and parent.alive:
-                parent.children -= 1
-                if parent.children == 0 and parent.key in waiting:
-                    del waiting[parent.key]
-                    order[parent.key] = None
-                    order.move_to_end(parent.key, last=False)
-            append((key, pop_status(key)))
+        for key in freed:  # its last child left: it re-enters at the LRU end
+            if key in waiting:
+                del waiting[key]
+                order[key] = None
+                order.move_to_end(key, last=False)
+        if left:
+            for key in chosen[walked:]:  # forced: children of theirs stay cached
+                node = nodes.pop(key)
+                self._unlist(key)
+                if node[_CHILDREN] > 0:
+                    self._forced += 1
+                self._detach(node)
         return victims
 
     def clear(self) -> None:
@@ -314,98 +349,47 @@ class PrefixLRUCachePolicy(CachePolicy):
         }
 
 
-class _EvictionPlan:
-    """Chooses victims without touching the policy's state, so a failed evict changes nothing."""
+def _position_getter(req_context: ReqContext) -> Callable[[OffloadKey], int | None]:
+    """``req_context.get_offload_key_position``, as a C-level lookup when it is the stock one."""
+    if type(req_context).get_offload_key_position is ReqContext.get_offload_key_position:
+        return req_context._positions.get
+    return req_context.get_offload_key_position
 
-    def __init__(
-        self,
-        nodes: dict[OffloadKey, _Node],
-        waiting: dict[OffloadKey, None],
-        protected: Collection[OffloadKey],
-    ) -> None:
-        self.nodes = nodes
-        self.waiting = waiting
-        self.protected = protected
-        self.chosen: list[OffloadKey] = []
-        self.deferred: list[OffloadKey] = []  # walked blocks with children, in walk order
-        self._deferred_set: set[OffloadKey] = set()
-        self._gone: dict[OffloadKey, int] = {}  # children chosen so far, per parent key
 
-    def _children_left(self, node: _Node) -> int:
-        return node.children - self._gone.get(node.key, 0)
-
-    def _choose(self, node: _Node) -> _Node | None:
-        """Take ``node``; return its parent if that just became a deferred, free leaf."""
-        self.chosen.append(node.key)
-        parent = node.parent
-        if parent is None or not parent.alive:
-            return None
-        self._gone[parent.key] = self._gone.get(parent.key, 0) + 1
-        if self._children_left(parent) > 0 or parent.key in self.protected:
-            return None
-        behind = parent.key in self.waiting or parent.key in self._deferred_set
-        return parent if behind else None
-
-    def take_leaves(self, order: Iterable[OffloadKey], n: int) -> None:
-        """Walk the LRU order; a parent freed behind the walk is the next victim."""
-        nodes, protected, waiting = self.nodes, self.protected, self.waiting
-        chosen, deferred, deferred_set, gone = (
-            self.chosen, self.deferred, self._deferred_set, self._gone
-        )
-        walk = iter(order)
-        released: _Node | None = None
-        while len(chosen) < n:
-            if released is not None:
-                node = released
-            else:
-                key = next(walk, None)
-                if key is None:
-                    return
-                node = nodes[key]
-                if node.children and node.children - gone.get(key, 0) > 0:
-                    deferred.append(key)
-                    deferred_set.add(key)
-                    continue
-                if key in protected:
-                    continue
-            # _choose(node), inlined: take it; its parent is next if that just became a
-            # deferred, free leaf.
-            chosen.append(node.key)
-            released = None
-            parent = node.parent
-            if parent is None or not parent.alive:
-                continue
-            parent_key = parent.key
-            taken = gone[parent_key] = gone.get(parent_key, 0) + 1
-            if parent.children - taken > 0 or parent_key in protected:
-                continue
-            if parent_key in waiting or parent_key in deferred_set:
-                released = parent
-
-    def take_forced(self, n: int) -> None:
-        """No free leaf is left: take deferred blocks, those with no evictable descendant first."""
-        taken = set(self.chosen)
-        candidates = [
-            key
-            for key in itertools.chain(self.waiting, self.deferred)
-            if key not in self.protected and key not in taken
-        ]
-        candidate_set = set(candidates)
-        below: dict[OffloadKey, int] = {}  # candidate children per candidate
-        for key in candidates:
-            parent = self.nodes[key].parent
-            if parent is not None and parent.alive and parent.key in candidate_set:
-                below[parent.key] = below.get(parent.key, 0) + 1
-        stack = [key for key in reversed(candidates) if key not in below]
-        while stack and len(self.chosen) < n:
-            node = self.nodes[stack.pop()]
-            self._choose(node)
-            parent = node.parent
-            if parent is not None and parent.alive and parent.key in below:
-                below[parent.key] -= 1
-                if below[parent.key] == 0:
-                    del below[parent.key]
-                    stack.append(parent.key)
+def _take_forced(
+    nodes: dict[OffloadKey, _Node],
+    waiting: dict[OffloadKey, None],
+    protected: Collection[OffloadKey],
+    chosen: list[OffloadKey],
+    deferred: list[OffloadKey],
+    n: int,
+) -> None:
+    """No free leaf is left: take deferred blocks, those with no evictable descendant first."""
+    taken = set(chosen)
+    candidates = [
+        key
+        for key in itertools.chain(waiting, deferred)
+        if key not in protected and key not in taken
+    ]
+    candidate_set = set(candidates)
+    below: dict[OffloadKey, int] = {}  # candidate children per candidate
+    for key in candidates:
+        parent = nodes[key][_PARENT]
+        if parent is not None and parent[_ALIVE] and parent[_KEY] in candidate_set:
+            below[parent[_KEY]] = below.get(parent[_KEY], 0) + 1
+    stack = [key for key in reversed(candidates) if key not in below]
+    while stack and len(chosen) < n:
+        node = nodes[stack.pop()]
+        chosen.append(node[_KEY])
+        parent = node[_PARENT]
+        if parent is None or not parent[_ALIVE]:
+            continue
+        parent_key = parent[_KEY]
+        if parent_key in below:
+            below[parent_key] -= 1
+            if below[parent_key] == 0:
+                del below[parent_key]
+                stack.append(parent_key)
 
 
 __all__ = ["PrefixLRUCachePolicy"]

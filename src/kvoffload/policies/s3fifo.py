@@ -45,14 +45,17 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict, deque
-from collections.abc import Collection, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from itertools import islice
+from operator import attrgetter
 
 from kvoffload.context import ReqContext
 from kvoffload.keys import OffloadKey
 from kvoffload.policies.base import BlockStatus, CachePolicy, Victims
+from kvoffload.policies.lru import protected_disjoint
 
 _MAX_FREQ = 3  # 2-bit counters
+_ref_count = attrgetter("ref_cnt")
 
 
 def _check_ratio(name: str, value: float, low: float, high: float, low_open: bool) -> float:
@@ -63,18 +66,6 @@ def _check_ratio(name: str, value: float, low: float, high: float, low_open: boo
         bracket = "(" if low_open else "["
         raise ValueError(f"{name} must be in {bracket}{low}, {high}), got {value}")
     return float(value)
-
-
-@dataclass
-class _Plan:
-    """What one ``evict`` call will do, worked out before anything changes."""
-
-    victims: list[OffloadKey] = field(default_factory=list)  # in eviction order
-    small_victims: list[OffloadKey] = field(default_factory=list)  # their keys enter G
-    promoted: list[OffloadKey] = field(default_factory=list)  # moved from S to M
-    main_consumed: int = 0  # how many of M's oldest blocks the sweep took off M's front
-    main_tail: deque[OffloadKey] = field(default_factory=deque)  # what ends up at M's new end
-    freq: dict[OffloadKey, int] = field(default_factory=dict)  # changed counters
 
 
 class S3FIFOCachePolicy(CachePolicy):
@@ -121,6 +112,10 @@ class S3FIFOCachePolicy(CachePolicy):
     def get(self, key: OffloadKey) -> BlockStatus | None:
         return self._blocks.get(key)
 
+    @property
+    def block_table(self) -> Mapping[OffloadKey, BlockStatus]:
+        return self._blocks
+
     def insert(
         self, key: OffloadKey, block: BlockStatus, req_context: ReqContext | None = None
     ) -> None:
@@ -140,6 +135,41 @@ class S3FIFOCachePolicy(CachePolicy):
         if block.ref_cnt == 0:
             evictable.add(key)
 
+    def insert_many(
+        self,
+        keys: Sequence[OffloadKey],
+        blocks: Sequence[BlockStatus],
+        req_context: ReqContext | None = None,
+    ) -> None:
+        stored = self._blocks
+        fresh = dict.fromkeys(keys, 0)
+        if (
+            type(self).insert is not S3FIFOCachePolicy.insert  # a subclass hooks insert
+            or len(fresh) != len(keys)  # a key repeated: the second insert raises
+            or len(keys) != len(blocks)
+            or not stored.keys().isdisjoint(keys)  # already stored: insert raises
+            or 0 in map(_ref_count, blocks)  # ready blocks (rare): the single calls
+        ):
+            super().insert_many(keys, blocks, req_context)
+            return
+        stored.update(zip(keys, blocks, strict=True))
+        self._freq.update(fresh)
+        small = self._small
+        ghost_hits, ghost = self._ghost_hits, self._ghost
+        if ghost_hits.keys().isdisjoint(keys) and ghost.keys().isdisjoint(keys):
+            for key in keys:  # the usual case: every key enters S
+                small[key] = None
+            return
+        main = self._main
+        for key in keys:
+            ghost_hit = ghost_hits.pop(key, 0) is None
+            if ghost.pop(key, 0) is None:  # inserted without a touch: still a ghost hit
+                ghost_hit = True
+            if ghost_hit:
+                main[key] = None
+            else:
+                small[key] = None
+
     def remove(self, key: OffloadKey) -> None:
         if self._blocks.pop(key, None) is None:
             return
@@ -151,16 +181,20 @@ class S3FIFOCachePolicy(CachePolicy):
             self._evictable_main.discard(key)
 
     def touch(self, keys: Iterable[OffloadKey], req_context: ReqContext | None = None) -> None:
-        blocks, freq = self._blocks, self._freq
-        for key in keys:
+        walk = keys if isinstance(keys, (list, tuple)) else list(keys)
+        blocks, ghost = self._blocks, self._ghost
+        if blocks.keys().isdisjoint(walk) and ghost.keys().isdisjoint(walk):
+            return  # misses without ghosts (most of a store's keys): nothing to record
+        freq, ghost_hits = self._freq, self._ghost_hits
+        for key in walk:
             status = blocks.get(key)
             if status is not None:
                 if status.ref_cnt >= 0 and freq[key] < _MAX_FREQ:
                     freq[key] += 1
-            elif self._ghost.pop(key, 0) is None:
-                self._ghost_hits[key] = None
-                if len(self._ghost_hits) > max(1, self.cache_capacity):
-                    self._ghost_hits.popitem(last=False)
+            elif ghost.pop(key, 0) is None:
+                ghost_hits[key] = None
+                if len(ghost_hits) > max(1, self.cache_capacity):
+                    ghost_hits.popitem(last=False)
 
     def clear(self) -> None:
         for container in (
@@ -198,107 +232,111 @@ class S3FIFOCachePolicy(CachePolicy):
         if n <= 0:
             return []
         es, em = self._evictable_small, self._evictable_main
-        main_eligible = len(em) - len(em.intersection(protected))
-        if n > len(es) - len(es.intersection(protected)) + main_eligible:
+        if protected:
+            main_eligible = len(em) - len(em.intersection(protected))
+            small_eligible = len(es) - len(es.intersection(protected))
+        else:
+            main_eligible, small_eligible = len(em), len(es)
+        if n > small_eligible + main_eligible:
             return None
-        plan = self._plan(n, protected, main_eligible)
-        return self._commit(plan)
-
-    def _eligible(self, key: OffloadKey, protected: Collection[OffloadKey]) -> bool:
-        return (key in self._evictable_small or key in self._evictable_main) and (
-            key not in protected
-        )
-
-    def _plan(self, n: int, protected: Collection[OffloadKey], main_eligible: int) -> _Plan:
-        """Run the eviction rule against the plan's view of the queues; change nothing.
-
-        ``main_eligible`` counts M's evictable, unprotected blocks; with at least one, the
-        sweep of M ends. When S has nothing left to offer, every remaining eligible block is
-        in M, so each round below finds its victim.
-        """
-        plan = _Plan()
-        small_iter = iter(self._small)
-        main_iter = iter(self._main)
-        small_size = len(self._small)
-        while len(plan.victims) < n:
-            if small_size >= self._small_limit or main_eligible == 0:
-                before = len(plan.promoted)
-                victim, promoted_eligible = self._plan_small(plan, small_iter, protected)
-                small_size -= len(plan.promoted) - before
-                main_eligible += promoted_eligible
-                if victim:
-                    small_size -= 1
-                    continue
-            self._plan_main(plan, main_iter, protected)
-            main_eligible -= 1
-        return plan
-
-    def _plan_small(
-        self, plan: _Plan, small_iter: Iterator[OffloadKey], protected: Collection[OffloadKey]
-    ) -> tuple[bool, int]:
-        """Take S's oldest blocks until one is evicted: (evicted one?, eligible promoted)."""
-        promoted_eligible = 0
-        freq, threshold = self._freq, self.move_to_main_threshold
-        for key in small_iter:
-            eligible = self._eligible(key, protected)
-            if freq[key] >= threshold:  # promoted even when pinned: that evicts nothing
-                plan.promoted.append(key)
-                plan.main_tail.append(key)
-                plan.freq[key] = 0
-                promoted_eligible += eligible
-            elif eligible:
-                plan.small_victims.append(key)
-                plan.victims.append(key)
-                return True, promoted_eligible
-            # else: pinned, pending or protected and not promoted: it keeps its place in S
-        return False, promoted_eligible
-
-    def _plan_main(
-        self, plan: _Plan, main_iter: Iterator[OffloadKey], protected: Collection[OffloadKey]
-    ) -> None:
-        """Sweep M (its untouched front, then what the plan appended) until one is evicted."""
-        freq, tail = self._freq, plan.main_tail
-        while True:
-            key = next(main_iter, None)
-            if key is None:
-                key = tail.popleft()  # M holds an eligible block: the sweep cannot run dry
-            else:
-                plan.main_consumed += 1
-            count = plan.freq.get(key, freq[key])
-            if not self._eligible(key, protected):
-                tail.append(key)  # passed over, counter unchanged
-            elif count > 0:
-                plan.freq[key] = count - 1
-                tail.append(key)
-            else:
-                plan.victims.append(key)
-                return
-
-    def _commit(self, plan: _Plan) -> Victims:
-        """Apply a plan: promotions, M's new order, counters, ghosts, and the victims."""
+        # Plan: run the eviction rule against a view of the queues, changing nothing. With
+        # at least one eligible block in M (``main_eligible``) the sweep of M ends; when S
+        # has nothing left to offer, every remaining eligible block is in M, so each round
+        # finds its victim.
         small, main, freq = self._small, self._main, self._freq
-        es, em = self._evictable_small, self._evictable_main
-        for key in plan.promoted:
+        threshold, small_limit = self.move_to_main_threshold, self._small_limit
+        if len(small) - n >= small_limit - 1:  # S stays at or over its share for n rounds
+            chosen = list(islice(small, n))
+            if (
+                es.issuperset(chosen)
+                and max(map(freq.__getitem__, chosen)) < threshold
+                and (not protected or protected_disjoint(protected, chosen))
+            ):
+                # The usual case: S's n oldest blocks, all evictable, none used enough to be
+                # promoted, so each round evicts the next one. (S's blocks are never in M's
+                # evictable set: a block changes sets exactly when it changes queues.)
+                for key in chosen:
+                    del small[key]
+                    del freq[key]
+                es.difference_update(chosen)
+                self._to_ghost(chosen)
+                return list(zip(chosen, map(self._blocks.pop, chosen), strict=True))
+        victims: list[OffloadKey] = []  # in eviction order
+        small_victims: list[OffloadKey] = []  # their keys enter G
+        promoted: list[OffloadKey] = []  # moved from S to M
+        main_consumed = 0  # how many of M's oldest blocks the sweep took off M's front
+        tail: deque[OffloadKey] = deque()  # what ends up at M's new end
+        changed: dict[OffloadKey, int] = {}  # changed counters
+        small_iter = iter(small)
+        main_iter = iter(main)
+        small_size = len(small)
+        while len(victims) < n:
+            if small_size >= small_limit or main_eligible == 0:
+                found = False  # take S's oldest blocks until one is evicted
+                for key in small_iter:
+                    eligible = (key in es or key in em) and key not in protected
+                    if freq[key] >= threshold:  # promoted even when pinned: evicts nothing
+                        promoted.append(key)
+                        tail.append(key)
+                        changed[key] = 0
+                        small_size -= 1
+                        main_eligible += eligible
+                    elif eligible:
+                        small_victims.append(key)
+                        victims.append(key)
+                        small_size -= 1
+                        found = True
+                        break
+                    # else: pinned, pending or protected and not promoted: it keeps its place
+                if found:
+                    continue
+            # Sweep M (its untouched front, then what the plan appended) until one is evicted.
+            while True:
+                front = next(main_iter, None)
+                if front is None:
+                    key = tail.popleft()  # M holds an eligible block: the sweep cannot run dry
+                else:
+                    key = front
+                    main_consumed += 1
+                count = changed.get(key)
+                if count is None:
+                    count = freq[key]
+                if not ((key in es or key in em) and key not in protected):
+                    tail.append(key)  # passed over, counter unchanged
+                elif count > 0:
+                    changed[key] = count - 1
+                    tail.append(key)
+                else:
+                    victims.append(key)
+                    break
+            main_eligible -= 1
+        # Commit: promotions, M's new order, counters, ghosts, and the victims.
+        for key in promoted:
             del small[key]
             if key in es:
                 es.remove(key)
                 em.add(key)
-        for _ in range(plan.main_consumed):
-            main.popitem(last=False)
-        for key in plan.main_tail:
+        for key in list(islice(main, main_consumed)):
+            del main[key]
+        for key in tail:
             main[key] = None
-        freq.update(plan.freq)
-        for key in plan.small_victims:
+        if changed:
+            freq.update(changed)
+        for key in small_victims:
             del small[key]
-        victims: Victims = []
-        for key in plan.victims:
+        for key in victims:
             del freq[key]
-            es.discard(key)
-            em.discard(key)
-            victims.append((key, self._blocks.pop(key)))
+        es.difference_update(victims)
+        em.difference_update(victims)
+        self._to_ghost(small_victims)
+        return list(zip(victims, map(self._blocks.pop, victims), strict=True))
+
+    def _to_ghost(self, keys: list[OffloadKey]) -> None:
+        """Append S's victims to G, then drop G's oldest keys beyond its bound."""
         ghost = self._ghost
-        for key in plan.small_victims:
+        for key in keys:
             ghost[key] = None
-        while len(ghost) > self._ghost_limit:
-            ghost.popitem(last=False)
-        return victims
+        excess = len(ghost) - self._ghost_limit
+        if excess > 0:
+            for key in list(islice(ghost, excess)):  # (a del loop beats popitem)
+                del ghost[key]
