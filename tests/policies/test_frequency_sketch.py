@@ -79,3 +79,43 @@ def test_estimates_are_reproducible_between_instances() -> None:
 def test_sample_size_must_be_positive() -> None:
     with pytest.raises(ValueError, match="sample_size"):
         FrequencySketch(8, sample_size=0)
+
+
+@pytest.mark.parametrize("doorkeeper", [True, False])
+def test_batched_increments_equal_single_ones(doorkeeper: bool) -> None:
+    """increment_keys (hashing fused with recording) across sample periods, batch sizes and
+    repeated keys moves the sketch exactly as increment does, one key at a time."""
+    rng = random.Random(3)
+    batched = FrequencySketch(40, sample_size=37, doorkeeper=doorkeeper)
+    single = FrequencySketch(40, sample_size=37, doorkeeper=doorkeeper)
+    hashed = FrequencySketch(40, sample_size=37, doorkeeper=doorkeeper)
+    for _ in range(300):
+        keys = [int_key(rng.randrange(60)) for _ in range(rng.randint(1, 30))]
+        batched.increment_keys(keys)
+        hashed.increment_hashes(FrequencySketch.key_hashes(keys))
+        for key in keys:
+            single.increment(key)
+        probe = [int_key(i) for i in range(60)]
+        expected = [single.estimate(key) for key in probe]
+        assert [batched.estimate(key) for key in probe] == expected
+        assert [hashed.estimate(key) for key in probe] == expected
+        assert batched.additions == single.additions == hashed.additions
+        assert batched._rows == single._rows == hashed._rows  # every counter, not just minima
+        assert batched._door == single._door == hashed._door
+
+
+def test_hashes_are_the_same_in_every_process() -> None:
+    import os
+    import subprocess
+    import sys
+
+    keys = [int_key(i) for i in (0, 1, -1, 2**40)] + [b"k", bytes(range(36))]
+    code = (
+        "from kvoffload.policies.frequency_sketch import FrequencySketch as F;"
+        f"print(F.key_hashes({keys!r}))"
+    )
+    env = {**os.environ, "PYTHONHASHSEED": "12345"}
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip() == str(FrequencySketch.key_hashes(keys))

@@ -154,3 +154,86 @@ def test_batched_calls_decide_like_single_calls(capacity: int, params: dict[str,
     assert batched == manager_decisions(
         one_at_a_time(KVAwareCachePolicy)(capacity, **params), capacity
     )
+
+
+def _learning_state(policy: KVAwareCachePolicy) -> tuple[Any, ...]:
+    """Everything insert/touch/evict move, floats compared bit for bit (as hex)."""
+    floats = [
+        *policy._entries,
+        *policy._reuses,
+        *policy._gap_sums,
+        policy._clock,
+        policy._now,
+        policy._rate_inserts,
+        policy._rate_time,
+        policy._last_insert_time,
+    ]
+    return (
+        [x.hex() for x in map(float, floats)],
+        policy._since_decay,
+        dict(policy._blocks),
+        [list(order) for order in policy._orders],
+        list(policy._ghosts.items()),
+    )
+
+
+def _drive_requests(
+    policy: KVAwareCachePolicy, seed: int, start: dict[str, float]
+) -> list[tuple[Any, ...]]:
+    """Random requests through the policy's calls (as the manager makes them), with random
+    timestamps (none, repeated, rising), partial tails and returning blocks; the state after
+    each request and every eviction's victims."""
+    import random
+
+    rng = random.Random(seed)
+    for name, value in start.items():
+        setattr(policy, name, value)
+    universe = [make_offload_key(i.to_bytes(8, "big"), 0) for i in range(rng.choice((15, 60)))]
+    stamp: float | None = rng.choice((None, 0.0, 5.0))
+    trace: list[tuple[Any, ...]] = []
+    for step in range(120):
+        keys = list(dict.fromkeys(rng.choice(universe) for _ in range(rng.randint(1, 10))))
+        if stamp is not None and rng.random() < 0.7:
+            stamp += rng.choice((0.0, 0.25, 1.0, 3.5))
+        ctx = ReqContext(
+            req_id=str(step),
+            timestamp=stamp if rng.random() < 0.8 else None,
+            partial_tail_key=keys[-1] if rng.random() < 0.3 else None,
+        )
+        policy.touch(keys, ctx)
+        new = [key for key in keys if policy.get(key) is None]
+        need = len(policy.block_table) + len(new) - policy.cache_capacity
+        victims = policy.evict(need, set(keys)) if need > 0 else []
+        trace.append(tuple(key for key, _ in victims or ()))
+        if victims is None:
+            new = []
+        if new:
+            statuses = [BlockStatus(i, 0 if rng.random() < 0.1 else -1) for i in range(len(new))]
+            policy.insert_many(new, statuses, ctx)
+            for status in statuses:
+                status.ref_cnt = 0
+            policy.mark_evictable_many(list(reversed(new)))
+        ctx.output_tokens = rng.choice((None, 4, 60, 400))
+        policy.on_request_finished(ctx)
+        trace.append(_learning_state(policy))
+    return trace
+
+
+@pytest.mark.parametrize(
+    "start",
+    [
+        {},
+        # Sums that cannot all be exact: the closed-form time and counts must step aside.
+        {"_rate_time": 2.0**52 + 0.5, "_rate_inserts": 3.0},
+        {"_rate_inserts": 2.0**53 - 3.0, "_rate_time": 1.0},
+        {"_clock": 2.0**53 - 4.0},
+    ],
+)
+@pytest.mark.parametrize("params", [{}, {"decay_window": 9, "ghost_factor": 2.0}])
+def test_batched_inserts_move_time_and_learning_bit_for_bit_like_single_ones(
+    start: dict[str, float], params: dict[str, Any]
+) -> None:
+    for seed in range(12):
+        batched = _drive_requests(KVAwareCachePolicy(8, **params), seed, start)
+        single = one_at_a_time(KVAwareCachePolicy)(8, **params)
+        assert batched == _drive_requests(single, seed, start), seed

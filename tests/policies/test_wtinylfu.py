@@ -18,6 +18,7 @@ from replay_helpers import (
     victim_ids,
 )
 
+from kvoffload.policies.base import BlockStatus
 from kvoffload.policies.frequency_sketch import FrequencySketch
 from kvoffload.policies.wtinylfu import WTinyLFUCachePolicy
 from kvoffload.testing import check_policy_conformance, drive_single_blocks, int_key
@@ -294,4 +295,37 @@ def test_batched_calls_decide_like_single_calls(capacity: int, params: dict[str,
     batched = manager_decisions(WTinyLFUCachePolicy(capacity, **params), capacity)
     assert batched == manager_decisions(
         one_at_a_time(WTinyLFUCachePolicy)(capacity, **params), capacity
+    )
+
+
+def test_batched_mark_evictable_with_repeats_and_pins_equals_single_calls() -> None:
+    """The completed-stores fast path (all keys pending in the window) and its fallbacks (a key
+    given twice, keys pinned in other regions) order blocks as one call per key does."""
+
+    def run(policy: WTinyLFUCachePolicy) -> list[Any]:
+        out: list[Any] = []
+        for i in range(8):
+            policy.touch([int_key(i)])
+            store_ready(policy, i)
+        policy.evict(1, set())  # the window overflows into probation
+        for batch in ([20, 21, 22], [23, 24, 23], [25]):
+            keys = [int_key(i) for i in batch]
+            fresh = list(dict.fromkeys(keys))
+            policy.touch(fresh)
+            policy.insert_many(fresh, [BlockStatus(0, -1) for _ in fresh])
+            for key in fresh:
+                policy.get(key).ref_cnt = 0  # type: ignore[union-attr]
+            policy.mark_evictable_many(keys)
+            out.append([list(order) for order in policy._orders])
+        pinned = [int_key(1), int_key(20), int_key(5)]
+        for key in pinned:
+            policy.mark_non_evictable(key)
+        policy.mark_evictable_many([*pinned, int_key(1)])
+        out.append([list(order) for order in policy._orders])
+        out.append(victim_ids(policy.evict(6, set())))
+        return out
+
+    params: dict[str, Any] = {"adaptive": False, "window_ratio": 0.3}
+    assert run(WTinyLFUCachePolicy(10, **params)) == run(
+        one_at_a_time(WTinyLFUCachePolicy)(10, **params)
     )

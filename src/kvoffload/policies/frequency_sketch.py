@@ -8,36 +8,52 @@ counters; after ``sample_size`` recorded uses every counter is halved and the do
 cleared, so old popularity fades (Einziger, Friedman & Manes, ACM TOS 2017). For speed in pure
 Python the doorkeeper holds each of its bits in a byte (8 to 16 bytes per use in a sample).
 
-Hashing is BLAKE2b of the key bytes, so estimates are identical in every process and run
-(Python's ``hash`` of bytes is salted per process).
+Hashing is the key's CRC-32 (every byte counts, the group index included) spread by
+multiply-shift: multiplied by a fixed odd 288-bit constant (2**288 divided by the golden
+ratio), whose disjoint 32-bit windows above the product's 32nd bit (each a function of the
+whole CRC) place the key. CRC-32 and integer arithmetic have no salt, so estimates are
+identical in every process, run and platform (Python's ``hash`` of bytes is salted per
+process). Keys are content hashes in practice, so a cheap fingerprint is enough (a
+cryptographic hash cost several times more per use); two keys share all their places only if
+their CRCs collide, which is rare next to the sketch's own counter collisions.
 """
 
 from __future__ import annotations
 
+from binascii import crc32
 from collections.abc import Iterable
-from hashlib import blake2b
+from math import isqrt
 
 MAX_COUNT = 15
 DEPTH = 4
 _HALVE = bytes(i >> 1 for i in range(256))
-_HASHER = blake2b(digest_size=16)  # copied per key: cheaper than a new one with parameters
+_INC = [*range(1, MAX_COUNT + 1), MAX_COUNT]  # saturating increment of a counter, by lookup
+_MIX = ((isqrt(5 << 576) - (1 << 288)) >> 1) | 1  # floor(2**288 / golden ratio), made odd
+_FIELD = 32  # bits per window: row and doorkeeper sizes are at most 2**32
+_MAX_SIZE = 1 << _FIELD
 
 
 def _power_of_two_at_least(n: int) -> int:
-    return 1 << max(0, n - 1).bit_length()
+    return min(1 << max(0, n - 1).bit_length(), _MAX_SIZE)
 
 
 class FrequencySketch:
     """Approximate recent use counts for byte keys (0..15, plus 1 for the doorkeeper).
 
-    A key's 128-bit hash, as 32-bit words ``w0..w3`` (least significant first), places it:
-    counter ``i`` of row ``i`` is ``(w0 + i * (w1 | 1)) mod width``, doorkeeper bit ``j`` is
-    ``(w2 + j * (w3 | 1)) mod bits``. Both moduli are powers of two, so the arithmetic is done
-    on the words' low bits only (the results are the same).
+    A key's hash ``h`` (see the module docstring) holds seven 32-bit windows, least significant
+    first: doorkeeper bits ``j = 0..2`` are windows 0..2 modulo the doorkeeper's size, and the
+    key's counter in row ``i = 0..3`` is window ``3 + i`` modulo the row width. Both sizes are
+    powers of two, so a window's low bits are taken by a mask.
     """
 
     __slots__ = (
-        "_counters", "_door", "_door_mask", "_mask", "_width", "additions", "doorkeeper",
+        "_door",
+        "_door_mask",
+        "_mask",
+        "_rows",
+        "_width",
+        "additions",
+        "doorkeeper",
         "sample_size",
     )
 
@@ -46,7 +62,7 @@ class FrequencySketch:
             raise ValueError(f"sample_size must be >= 1, got {sample_size}")
         self._width = _power_of_two_at_least(max(16, expected_keys))
         self._mask = self._width - 1
-        self._counters = bytearray(self._width * DEPTH)  # row after row
+        self._rows = tuple(bytearray(self._width) for _ in range(DEPTH))
         self.doorkeeper = doorkeeper
         # About 8 bits per use in a sample: a few % false positives with 3 hashes. Each bit is
         # held in a byte of its own (0 or 1): 8 times the memory of packed bits, but testing
@@ -59,22 +75,14 @@ class FrequencySketch:
 
     @staticmethod
     def key_hash(key: bytes) -> int:
-        """The 128-bit hash the sketch uses for ``key`` (callers may cache it per key)."""
-        hasher = _HASHER.copy()
-        hasher.update(key)
-        return int.from_bytes(hasher.digest(), "little")
+        """The hash the sketch uses for ``key`` (callers may cache it per key)."""
+        return crc32(key) * _MIX >> 32
 
     @staticmethod
     def key_hashes(keys: Iterable[bytes]) -> list[int]:
         """:meth:`key_hash` of each of ``keys``, in order."""
-        copy, from_bytes = _HASHER.copy, int.from_bytes
-        out: list[int] = []
-        append = out.append
-        for key in keys:
-            hasher = copy()
-            hasher.update(key)
-            append(from_bytes(hasher.digest(), "little"))
-        return out
+        crc, mix = crc32, _MIX
+        return [crc(key) * mix >> 32 for key in keys]
 
     def estimate(self, key: bytes) -> int:
         """Recent uses of ``key`` (an over-estimate only through hash collisions)."""
@@ -82,26 +90,21 @@ class FrequencySketch:
 
     def estimate_hash(self, key_hash: int) -> int:
         """:meth:`estimate` for a key whose :meth:`key_hash` is ``key_hash``."""
-        counters, width, mask = self._counters, self._width, self._mask
-        a = key_hash & mask
-        b = ((key_hash >> 32) & mask) | 1
-        count = counters[a]
-        a += b
-        other = counters[width + (a & mask)]
-        if other < count:
-            count = other
-        a += b
-        other = counters[2 * width + (a & mask)]
-        if other < count:
-            count = other
-        other = counters[3 * width + ((a + b) & mask)]
-        if other < count:
-            count = other
+        row0, row1, row2, row3 = self._rows
+        mask = self._mask
+        count = min(
+            row0[key_hash >> 96 & mask],
+            row1[key_hash >> 128 & mask],
+            row2[key_hash >> 160 & mask],
+            row3[key_hash >> 192 & mask],
+        )
         if self.doorkeeper:
             door, door_mask = self._door, self._door_mask
-            bit = (key_hash >> 64) & door_mask
-            step = ((key_hash >> 96) & door_mask) | 1
-            if door[bit] and door[(bit + step) & door_mask] and door[(bit + 2 * step) & door_mask]:
+            if (
+                door[key_hash & door_mask]
+                and door[key_hash >> 32 & door_mask]
+                and door[key_hash >> 64 & door_mask]
+            ):
                 count += 1
         return count
 
@@ -112,6 +115,36 @@ class FrequencySketch:
     def increment_hash(self, key_hash: int) -> None:
         """:meth:`increment` for a key whose :meth:`key_hash` is ``key_hash``."""
         self.increment_hashes((key_hash,))
+
+    def increment_keys(self, keys: Iterable[bytes]) -> None:
+        """:meth:`increment` for each of ``keys``, in order."""
+        if not isinstance(keys, (list, tuple)):
+            keys = list(keys)
+        if not self.doorkeeper or self.additions + len(keys) >= self.sample_size:
+            self.increment_hashes(self.key_hashes(keys))  # (aging within: in runs)
+            return
+        # The usual case, fused: hash and record one key at a time, as _record does.
+        self.additions += len(keys)
+        row0, row1, row2, row3 = self._rows
+        mask, inc = self._mask, _INC
+        door, door_mask = self._door, self._door_mask
+        crc, mix = crc32, _MIX
+        for key in keys:
+            h = crc(key) * mix >> 32
+            bit0 = h & door_mask
+            bit1 = h >> 32 & door_mask
+            bit2 = h >> 64 & door_mask
+            if not (door[bit0] and door[bit1] and door[bit2]):
+                door[bit0] = door[bit1] = door[bit2] = 1
+                continue
+            cell = h >> 96 & mask
+            row0[cell] = inc[row0[cell]]
+            cell = h >> 128 & mask
+            row1[cell] = inc[row1[cell]]
+            cell = h >> 160 & mask
+            row2[cell] = inc[row2[cell]]
+            cell = h >> 192 & mask
+            row3[cell] = inc[row3[cell]]
 
     def increment_hashes(self, key_hashes: Iterable[int]) -> None:
         """:meth:`increment_hash` for each of ``key_hashes``, in order.
@@ -136,44 +169,45 @@ class FrequencySketch:
 
     def _record(self, key_hashes: list[int]) -> None:
         """Record the uses (within one sample period: no aging, no counting here)."""
-        counters, door = self._counters, self._door
-        width, mask, door_mask = self._width, self._mask, self._door_mask
-        width2, width3 = 2 * width, 3 * width
-        doorkeeper = self.doorkeeper
-        for key_hash in key_hashes:
-            if doorkeeper:
-                bit0 = (key_hash >> 64) & door_mask
-                step = ((key_hash >> 96) & door_mask) | 1
-                bit1 = (bit0 + step) & door_mask
-                bit2 = (bit1 + step) & door_mask
-                if not (door[bit0] and door[bit1] and door[bit2]):
-                    door[bit0] = door[bit1] = door[bit2] = 1
-                    continue
-            a = key_hash & mask
-            b = ((key_hash >> 32) & mask) | 1
-            if counters[a] < MAX_COUNT:
-                counters[a] += 1
-            a += b
-            cell = width + (a & mask)
-            if counters[cell] < MAX_COUNT:
-                counters[cell] += 1
-            a += b
-            cell = width2 + (a & mask)
-            if counters[cell] < MAX_COUNT:
-                counters[cell] += 1
-            cell = width3 + ((a + b) & mask)
-            if counters[cell] < MAX_COUNT:
-                counters[cell] += 1
+        row0, row1, row2, row3 = self._rows
+        mask, inc = self._mask, _INC
+        if not self.doorkeeper:
+            for h in key_hashes:
+                cell = h >> 96 & mask
+                row0[cell] = inc[row0[cell]]
+                cell = h >> 128 & mask
+                row1[cell] = inc[row1[cell]]
+                cell = h >> 160 & mask
+                row2[cell] = inc[row2[cell]]
+                cell = h >> 192 & mask
+                row3[cell] = inc[row3[cell]]
+            return
+        door, door_mask = self._door, self._door_mask
+        for h in key_hashes:
+            bit0 = h & door_mask
+            bit1 = h >> 32 & door_mask
+            bit2 = h >> 64 & door_mask
+            if not (door[bit0] and door[bit1] and door[bit2]):
+                door[bit0] = door[bit1] = door[bit2] = 1
+                continue
+            cell = h >> 96 & mask
+            row0[cell] = inc[row0[cell]]
+            cell = h >> 128 & mask
+            row1[cell] = inc[row1[cell]]
+            cell = h >> 160 & mask
+            row2[cell] = inc[row2[cell]]
+            cell = h >> 192 & mask
+            row3[cell] = inc[row3[cell]]
 
     def age(self) -> None:
         """Halve every counter and clear the doorkeeper (the sample period restarts at half)."""
-        self._counters = self._counters.translate(_HALVE)
+        self._rows = tuple(row.translate(_HALVE) for row in self._rows)
         self._door = bytearray(len(self._door))
         self.additions //= 2
 
     def clear(self) -> None:
         """Forget everything."""
-        self._counters = bytearray(len(self._counters))
+        self._rows = tuple(bytearray(self._width) for _ in range(DEPTH))
         self._door = bytearray(len(self._door))
         self.additions = 0
 

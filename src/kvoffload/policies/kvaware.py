@@ -37,13 +37,15 @@ import heapq
 import math
 from collections import OrderedDict
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
-from itertools import compress, islice
+from itertools import compress, islice, repeat
+from itertools import count as count_from
 from operator import attrgetter
 from typing import Final
 
 from kvoffload.context import ReqContext
 from kvoffload.keys import OffloadKey
 from kvoffload.policies.base import BlockStatus, CachePolicy, Victims
+from kvoffload.policies.lru import protected_disjoint
 
 _COUNT_BUCKETS = 4  # used 0, 1, 2-3, 4+ times since first stored (log2 buckets)
 _OUTPUT_NAMES = ("short", "medium", "long", "unknown")
@@ -68,7 +70,21 @@ _Meta = tuple[int, int, int, float]
 _CLS: Final = 0
 _LAST_USE: Final = 3
 _NEW_CLASS = _class_of(0, _UNKNOWN_OUTPUT)
+# The class of a block that came back, by its uses (_class_of; the last entry holds from there).
+_SATURATED = 1 << (_COUNT_BUCKETS - 1)
+_RETURNED_CLASS = tuple(_class_of(uses, _UNKNOWN_OUTPUT) for uses in range(_SATURATED + 1))
 _ref_count = attrgetter("ref_cnt")
+_EXACT = 1 << 53  # floats represent every integer up to here
+
+
+def _adds_exactly(total: float, count: int) -> bool:
+    """Whether adding 1.0 to ``total >= 0`` ``count`` times has no rounding at any step.
+
+    ``total`` is ``n / d`` in lowest terms (``d`` a power of two); every partial sum
+    ``(n + i d) / d`` then has an odd numerator (or is an integer) at most ``n + count d``.
+    """
+    n, d = total.as_integer_ratio()
+    return total >= 0.0 and n + count * d <= _EXACT
 
 
 class _RequestKeys:
@@ -185,15 +201,6 @@ class KVAwareCachePolicy(CachePolicy):
         self._reuses[cls] += 1.0
         self._gap_sums[cls] += gap if gap > 0.0 else 0.0
 
-    def _score_params(self, cls: int, horizon: float) -> tuple[float, float, float]:
-        """Class ``cls``'s reuse odds ``p``, ``1 / mean gap`` (0 = no gap model), P(gap < H)."""
-        reuses, gap_sum = self._reuses[cls], self._gap_sums[cls]
-        p = min(reuses / self._entries[cls], 0.999)
-        if reuses <= 0.0 or horizon <= 0.0 or gap_sum <= 0.0:
-            return p, 0.0, 1.0
-        inv_gap = reuses / gap_sum
-        return p, inv_gap, -math.expm1(-horizon * inv_gap)
-
     @staticmethod
     def _idle_at_or_below(params: tuple[float, float, float], ceiling: float) -> float:
         """The idle time from which a block of a class with ``params`` scores <= ``ceiling``.
@@ -269,10 +276,31 @@ class KVAwareCachePolicy(CachePolicy):
         if type(self).insert is not KVAwareCachePolicy.insert or len(keys) != len(blocks):
             super().insert_many(keys, blocks, req_context)  # a subclass hooks insert, or misuse
             return
-        ghosts, orders, entries = self._ghosts, self._orders, self._entries
-        reuses, gap_sums = self._reuses, self._gap_sums
         tail = req_context.partial_tail_key if req_context is not None else None
         stamp = req_context.timestamp if req_context is not None else None
+        if len(keys) > 1 and self._since_decay + len(keys) < self.decay_window:
+            nows = self._advance_inserts(stamp, len(keys))
+            if nows is not None:
+                metas = self._new_metas(keys, nows, tail)
+            else:
+                metas = self._insert_loop(keys, stamp, tail)
+        else:
+            metas = self._insert_loop(keys, stamp, tail)
+        self._blocks.update(zip(keys, metas, strict=True))
+        self._statuses.update(zip(keys, blocks, strict=True))
+        orders = self._orders
+        if 0 in map(_ref_count, blocks):  # usually none: the manager inserts pending blocks
+            for key, block, meta in zip(keys, blocks, metas, strict=True):
+                if block.ref_cnt == 0:
+                    orders[meta[_CLS]][key] = None
+        self._remember(req_context, keys)
+
+    def _insert_loop(
+        self, keys: Sequence[OffloadKey], stamp: float | None, tail: bytes | None
+    ) -> list[_Meta]:
+        """The metadata of new blocks ``keys``, time and learning moved as one insert each."""
+        ghosts, entries = self._ghosts, self._entries
+        reuses, gap_sums = self._reuses, self._gap_sums
         width = len(_OUTPUT_NAMES)
         top = _COUNT_BUCKETS - 1
         # Time, turnover rate and decay move exactly as one insert call per key moves them.
@@ -319,13 +347,85 @@ class KVAwareCachePolicy(CachePolicy):
         self._clock, self._now = clock, now
         self._rate_inserts, self._rate_time = rate_inserts, rate_time
         self._last_insert_time = last_insert
-        self._blocks.update(zip(keys, metas, strict=True))
-        self._statuses.update(zip(keys, blocks, strict=True))
-        if 0 in map(_ref_count, blocks):  # usually none: the manager inserts pending blocks
-            for key, block, meta in zip(keys, blocks, metas, strict=True):
-                if block.ref_cnt == 0:
-                    orders[meta[_CLS]][key] = None
-        self._remember(req_context, keys)
+        return metas
+
+    def _advance_inserts(self, stamp: float | None, count: int) -> Iterator[float] | None:
+        """Time and turnover moved as ``count`` inserts move them, when that has a closed form.
+
+        Returns each insert's time in order, or ``None`` (nothing changed) when the closed form
+        might differ from one insert at a time in the last bit. The first insert is done as
+        :meth:`insert` does it; after it, each insert adds one tick to the clock and 1.0 to
+        the insert count, and either keeps the time (a timestamp: no elapsed time) or moves it
+        and the elapsed insert time by the tick (no timestamp, the clock ahead). Those sums are
+        done at once only when every partial sum is exact (then they equal the one-by-one sums).
+        """
+        clock, now = self._clock + 1, self._now
+        if stamp is not None:
+            if stamp > now:
+                now = float(stamp)
+        elif clock > now:
+            now = clock
+        rate_inserts, rate_time = self._rate_inserts, self._rate_time
+        if rate_inserts > 0.0 and now > self._last_insert_time:
+            rate_time += now - self._last_insert_time
+        rate_inserts += 1.0
+        more = count - 1
+        if not (_adds_exactly(rate_inserts, more) and _adds_exactly(clock, more)):
+            return None
+        if stamp is not None:
+            times: Iterator[float] = repeat(now, count)
+            last = now
+        elif now == clock:
+            if not _adds_exactly(rate_time, more):
+                return None
+            times = count_from(now, 1.0)  # exact: integral clock values below 2**53
+            last = now + more
+            rate_time += more
+        else:  # the time is ahead of the clock (an earlier timestamp): one at a time
+            return None
+        self._clock, self._now, self._last_insert_time = clock + more, last, last
+        self._rate_inserts, self._rate_time = rate_inserts + more, rate_time
+        return times
+
+    def _new_metas(
+        self, keys: Sequence[OffloadKey], nows: Iterator[float], tail: bytes | None
+    ) -> list[_Meta]:
+        """The metadata of new blocks ``keys`` inserted at times ``nows``, with the learning.
+
+        No decay falls within (the caller checked), so only the counts move: ghosts' reuses
+        in order, and one entry per key in its class.
+        """
+        ghosts, entries = self._ghosts, self._entries
+        self._since_decay += len(keys)
+        if (
+            (not ghosts or ghosts.keys().isdisjoint(keys))
+            and (tail is None or tail not in keys)
+            and _adds_exactly(entries[_NEW_CLASS], len(keys))
+        ):  # all brand new (the usual store): one class, one sum
+            entries[_NEW_CLASS] += len(keys)
+            return list(
+                zip(repeat(_NEW_CLASS, len(keys)), repeat(0), repeat(_UNKNOWN_OUTPUT), nows)
+            )
+        reuses, gap_sums = self._reuses, self._gap_sums
+        returned_top = _RETURNED_CLASS[-1]
+        pop = ghosts.pop
+        metas: list[_Meta] = []
+        append = metas.append
+        for key, now in zip(keys, nows, strict=False):  # nows may be endless
+            ghost = pop(key, None)
+            if ghost is None:
+                cls = TAIL_CLASS if key == tail else _NEW_CLASS
+                append((cls, 0, _UNKNOWN_OUTPUT, now))
+            else:  # an evicted block came back: its class was worth keeping
+                ghost_cls, uses, _, last_use = ghost
+                reuses[ghost_cls] += 1.0  # _record_reuse, inline
+                gap = now - last_use
+                gap_sums[ghost_cls] += gap if gap > 0.0 else 0.0
+                uses += 1
+                cls = _RETURNED_CLASS[uses] if uses < _SATURATED else returned_top
+                append((cls, uses, _UNKNOWN_OUTPUT, now))
+            entries[cls] += 1.0
+        return metas
 
     def remove(self, key: OffloadKey) -> None:
         meta = self._blocks.pop(key, None)
@@ -342,12 +442,17 @@ class KVAwareCachePolicy(CachePolicy):
             return
         now = self._advance(req_context, len(stored))
         used: list[OffloadKey] = []
+        reuses, gap_sums = self._reuses, self._gap_sums
+        width = len(_OUTPUT_NAMES)
+        top = _COUNT_BUCKETS - 1
         for key in reversed(stored):  # tail first, so the head ends most recent
             cls, uses, bucket, last_use = blocks[key]
             if statuses[key].ref_cnt >= 0:  # a use: a success for its class, a new trial after
-                self._record_reuse(cls, now - last_use)
+                reuses[cls] += 1.0  # _record_reuse, inline
+                gap = now - last_use
+                gap_sums[cls] += gap if gap > 0.0 else 0.0
                 uses += 1
-                new = _class_of(uses, bucket)
+                new = min(uses.bit_length(), top) * width + bucket  # _class_of, inline
                 entries[new] += 1.0
                 self._since_decay += 1
                 if new != cls:
@@ -411,8 +516,25 @@ class KVAwareCachePolicy(CachePolicy):
                 if head not in protected:
                     iterators[cls], heads[cls] = iterator, head
                     break
-        params = {cls: self._score_params(cls, horizon) for cls in heads}
-        exp = math.exp
+        exp, expm1 = math.exp, math.expm1
+        # Each candidate class's score parameters: its reuse odds p, 1 / mean gap (0: no gap
+        # model) and P(gap < H); and its head's score (as score() below computes it).
+        params: dict[int, tuple[float, float, float]] = {}
+        heap: list[tuple[float, int]] = []
+        entries, reuses_of, gap_sums = self._entries, self._reuses, self._gap_sums
+        for cls, key in heads.items():
+            reuses, gap_sum = reuses_of[cls], gap_sums[cls]
+            p = min(reuses / entries[cls], 0.999)
+            if reuses <= 0.0 or horizon <= 0.0 or gap_sum <= 0.0:
+                params[cls] = (p, 0.0, 1.0)
+                heap.append((p, cls))
+                continue
+            inv_gap = reuses / gap_sum
+            within = -expm1(-horizon * inv_gap)
+            params[cls] = (p, inv_gap, within)
+            idle = now - blocks[key][_LAST_USE]
+            survive = exp(-idle * inv_gap) if idle > 0.0 else 1.0
+            heap.append((p * survive * within / (1.0 - p + p * survive), cls))
 
         def score(cls: int, key: OffloadKey) -> float:
             p, inv_gap, within = params[cls]
@@ -423,7 +545,6 @@ class KVAwareCachePolicy(CachePolicy):
             return p * survive * within / (1.0 - p + p * survive)
 
         # (score, class) of every class's oldest candidate; ties go to the lower class index.
-        heap = [(score(cls, key), cls) for cls, key in heads.items()]
         heapq.heapify(heap)
         chosen: list[OffloadKey] = []
         while len(chosen) < n:
@@ -437,26 +558,33 @@ class KVAwareCachePolicy(CachePolicy):
             iterator = iterators[best]
             chosen.append(heads[best])
             if min_idle == -math.inf:  # the whole class scores below: no idle times to read
-                if len(chosen) < n:
-                    for key in iterator:
-                        if key not in protected:
-                            chosen.append(key)
-                            if len(chosen) == n:
-                                break
-                    else:  # the class ran out
-                        heapq.heappop(heap)
+                need = n - len(chosen)
+                if need:
+                    batch = list(islice(iterator, need))
+                    if not protected or protected_disjoint(protected, batch):  # the usual case
+                        chosen += batch
+                        if len(batch) < need:  # the class ran out
+                            heapq.heappop(heap)
+                        continue
+                    chosen += [key for key in batch if key not in protected]
+                    if len(chosen) < n:
+                        for key in iterator:
+                            if key not in protected:
+                                chosen.append(key)
+                                if len(chosen) == n:
+                                    break
+                        else:  # the class ran out
+                            heapq.heappop(heap)
                 continue
-            while True:
-                candidate = next(iterator, None)
-                while candidate is not None and candidate in protected:
-                    candidate = next(iterator, None)
-                if (
-                    candidate is None
-                    or len(chosen) == n
-                    or now - blocks[candidate][_LAST_USE] < min_idle
-                ):
+            candidate: OffloadKey | None = None
+            for candidate in iterator:
+                if candidate in protected:
+                    continue
+                if len(chosen) == n or now - blocks[candidate][_LAST_USE] < min_idle:
                     break
                 chosen.append(candidate)
+            else:  # the class ran out
+                candidate = None
             if candidate is None:
                 heapq.heappop(heap)
             else:

@@ -40,7 +40,7 @@ from kvoffload.context import ReqContext
 from kvoffload.keys import OffloadKey
 from kvoffload.policies.base import BlockStatus, CachePolicy, Victims
 from kvoffload.policies.frequency_sketch import FrequencySketch
-from kvoffload.policies.lru import protected_disjoint
+from kvoffload.policies.lru import protected_disjoint, ref_count
 
 WINDOW, PROBATION, PROTECTED = 0, 1, 2
 STEP_FRACTION = 0.0625
@@ -90,16 +90,15 @@ class WTinyLFUCachePolicy(CachePolicy):
             cache_capacity, sample_size=self._sample_size, doorkeeper=doorkeeper
         )
         self._blocks: dict[OffloadKey, BlockStatus] = {}
-        # The region of every block that is not evictable (pending or pinned); an evictable
+        # Per region, the blocks that are not evictable (pending or pinned); an evictable
         # block's region is the order that holds it.
-        self._parked: dict[OffloadKey, int] = {}
-        self._hash: dict[OffloadKey, int] = {}  # sketch hash of every resident block
-        # Sketch hashes of the last touch's keys, for the inserts that usually follow it.
-        self._touched: dict[OffloadKey, int] = {}
+        self._parked: tuple[set[OffloadKey], ...] = (set(), set(), set())
         self._sizes = [0, 0, 0]  # resident blocks per region, pinned included
         # Evictable blocks per region, LRU first.
         self._orders: tuple[OrderedDict[OffloadKey, None], ...] = (
-            OrderedDict(), OrderedDict(), OrderedDict()
+            OrderedDict(),
+            OrderedDict(),
+            OrderedDict(),
         )
         self._reset_window()
 
@@ -132,14 +131,12 @@ class WTinyLFUCachePolicy(CachePolicy):
     def insert(
         self, key: OffloadKey, block: BlockStatus, req_context: ReqContext | None = None
     ) -> None:
-        known = self._touched.pop(key, None)
         self._blocks[key] = block
-        self._hash[key] = self._sketch.key_hash(key) if known is None else known
         self._sizes[WINDOW] += 1
         if block.ref_cnt == 0:
             self._orders[WINDOW][key] = None
         else:
-            self._parked[key] = WINDOW
+            self._parked[WINDOW].add(key)
 
     def insert_many(
         self,
@@ -150,24 +147,21 @@ class WTinyLFUCachePolicy(CachePolicy):
         if type(self).insert is not WTinyLFUCachePolicy.insert:  # a subclass hooks insert
             super().insert_many(keys, blocks, req_context)
             return
-        hashes, parked, window = self._hash, self._parked, self._orders[WINDOW]
-        touched, key_hash = self._touched, self._sketch.key_hash
+        self._blocks.update(zip(keys, blocks, strict=True))
+        self._sizes[WINDOW] += len(keys)
+        parked = self._parked[WINDOW]
+        if 0 not in map(ref_count, blocks):  # the usual case: the manager inserts pending blocks
+            parked.update(keys)
+            return
+        window = self._orders[WINDOW]
         for key, block in zip(keys, blocks, strict=True):
-            known = touched.get(key)
-            hashes[key] = key_hash(key) if known is None else known
             if block.ref_cnt == 0:
                 window[key] = None
             else:
-                parked[key] = WINDOW
-        self._touched = {}
-        self._blocks.update(zip(keys, blocks, strict=True))
-        self._sizes[WINDOW] += len(keys)
+                parked.add(key)
 
     def _region_of(self, key: OffloadKey) -> int | None:
         """The region of a stored block, ``None`` if not stored."""
-        region = self._parked.get(key)
-        if region is not None:
-            return region
         window, probation, protected = self._orders
         if key in probation:
             return PROBATION
@@ -175,56 +169,60 @@ class WTinyLFUCachePolicy(CachePolicy):
             return PROTECTED
         if key in window:
             return WINDOW
+        for region, parked in enumerate(self._parked):
+            if key in parked:
+                return region
         return None
 
     def remove(self, key: OffloadKey) -> None:
         if self._blocks.pop(key, None) is None:
             return
-        del self._hash[key]
-        parked = self._parked.pop(key, None)
-        if parked is not None:
-            region = parked
-        else:  # evictable: in one of the orders
-            region = next(i for i, order in enumerate(self._orders) if key in order)
-            del self._orders[region][key]
-        self._sizes[region] -= 1
+        region = self._region_of(key)
+        if region is not None:  # (always: the block was stored)
+            self._orders[region].pop(key, None)
+            self._parked[region].discard(key)
+            self._sizes[region] -= 1
 
     def touch(self, keys: Iterable[OffloadKey], req_context: ReqContext | None = None) -> None:
         walk = list(reversed(keys if isinstance(keys, (list, tuple)) else list(keys)))
-        blocks, sketch = self._blocks, self._sketch
-        # The sketch first (it reads nothing else): one use per key, tail to head. The hashes of
-        # the keys are kept for the insert that usually follows.
-        if blocks.keys().isdisjoint(walk):  # all misses: the usual store
-            walk_hashes = sketch.key_hashes(walk)
-            sketch.increment_hashes(walk_hashes)
-            self._touched = dict(zip(walk, walk_hashes, strict=True))
-            if not self.adaptive or self._hits + self._misses + len(walk) < self._sample_size:
-                self._misses += len(walk)  # no hill-climbing step falls in this call
+        # The sketch first (it reads nothing else): one use per key, tail to head.
+        self._sketch.increment_keys(walk)
+        blocks = self._blocks
+        if not self.adaptive or self._hits + self._misses + len(walk) < self._sample_size:
+            # No hill-climbing step falls in this call: count the hits, move them.
+            if blocks.keys().isdisjoint(walk):  # all misses: the usual store
+                self._misses += len(walk)
                 return
-        else:
-            hashes, key_hash = self._hash, sketch.key_hash
-            touched: dict[OffloadKey, int] = {}  # the keys that are not stored
-            walk_hashes = []
-            for key in walk:
-                known = hashes.get(key)
-                if known is None:
-                    known = touched.get(key)
-                    if known is None:
-                        known = touched[key] = key_hash(key)
-                walk_hashes.append(known)
-            sketch.increment_hashes(walk_hashes)
-            self._touched = touched
-        for key in walk:
-            region = self._region_of(key)
-            if region is None:
-                self._misses += 1
-            else:
-                self._hits += 1
-                if region == PROBATION:
+            stored = [key for key in walk if key in blocks]
+            self._hits += len(stored)
+            self._misses += len(walk) - len(stored)
+            window, probation, protected = self._orders
+            for key in stored:
+                if key in protected:
+                    protected.move_to_end(key)
+                elif key in window:
+                    window.move_to_end(key)
+                elif key in probation or key in self._parked[PROBATION]:
                     self._move(key, PROBATION, PROTECTED)
                     self._demote_protected_surplus()
-                elif key in self._orders[region]:
-                    self._orders[region].move_to_end(key)
+            return
+        window, probation, protected = self._orders
+        for key in walk:
+            if key in protected:
+                protected.move_to_end(key)
+                self._hits += 1
+            elif key in window:
+                window.move_to_end(key)
+                self._hits += 1
+            else:
+                region = PROBATION if key in probation else self._region_of(key)
+                if region is None:
+                    self._misses += 1
+                else:
+                    self._hits += 1
+                    if region == PROBATION:
+                        self._move(key, PROBATION, PROTECTED)
+                        self._demote_protected_surplus()
             if self.adaptive and self._hits + self._misses >= self._sample_size:
                 self._climb()
 
@@ -234,7 +232,8 @@ class WTinyLFUCachePolicy(CachePolicy):
         if self._orders[src].pop(key, 0) is None:
             self._orders[dst][key] = None
         else:
-            self._parked[key] = dst
+            self._parked[src].discard(key)
+            self._parked[dst].add(key)
 
     def _demote_protected_surplus(self) -> None:
         order = self._orders[PROTECTED]
@@ -277,7 +276,7 @@ class WTinyLFUCachePolicy(CachePolicy):
         # protected, then the window goes. Moves free nothing, and a duel keeps main's size,
         # so the steps come in phases: moves, then duels, then plain takes; each phase is
         # done in one pass.
-        sizes, hashes, statuses = self._sizes, self._hash, self._blocks
+        sizes, statuses = self._sizes, self._blocks
         window_limit = self._window_limit
         main_limit = self.cache_capacity - window_limit
         victims: Victims = []
@@ -298,7 +297,7 @@ class WTinyLFUCachePolicy(CachePolicy):
                 probation[key] = None
             sizes[WINDOW] -= len(moved)
             sizes[PROBATION] += len(moved)
-        estimate = self._sketch.estimate_hash
+        estimate = self._sketch.estimate
         while len(victims) < n and sizes[WINDOW] >= window_limit:  # duels
             candidate = victim = None
             for key in window:
@@ -318,14 +317,14 @@ class WTinyLFUCachePolicy(CachePolicy):
                     if key not in protected:
                         victim = key
                         break
-            if victim is not None and estimate(hashes[candidate]) > estimate(hashes[victim]):
+            if victim is not None and estimate(candidate) > estimate(victim):
                 del window[candidate]
                 probation[candidate] = None
                 sizes[WINDOW] -= 1
                 sizes[PROBATION] += 1
             else:
                 victim, region = candidate, WINDOW
-            del orders[region][victim], hashes[victim]
+            del orders[region][victim]
             sizes[region] -= 1
             victims.append((victim, statuses.pop(victim)))
         left = n - len(victims)
@@ -333,10 +332,9 @@ class WTinyLFUCachePolicy(CachePolicy):
             taken = list(islice(probation, left))
             if len(taken) == left and (not protected or protected_disjoint(protected, taken)):
                 for key in taken:  # the usual case: all from probation
-                    del probation[key], hashes[key]
+                    del probation[key]
                 sizes[PROBATION] -= left
-                pop = statuses.pop
-                victims += [(key, pop(key)) for key in taken]
+                victims += zip(taken, map(statuses.pop, taken), strict=True)
                 return victims
             for region in (PROBATION, PROTECTED, WINDOW):
                 order = orders[region]
@@ -347,7 +345,7 @@ class WTinyLFUCachePolicy(CachePolicy):
                         if len(taken) == left:
                             break
                 for key in taken:
-                    del order[key], hashes[key]
+                    del order[key]
                     victims.append((key, statuses.pop(key)))
                 sizes[region] -= len(taken)
                 left -= len(taken)
@@ -359,44 +357,52 @@ class WTinyLFUCachePolicy(CachePolicy):
 
     def clear(self) -> None:
         self._blocks.clear()
-        self._parked.clear()
-        self._hash.clear()
+        for parked in self._parked:
+            parked.clear()
         self._sizes = [0, 0, 0]
         for order in self._orders:
             order.clear()
         self._sketch.clear()
-        self._touched = {}
         self._reset_window()
 
     def mark_evictable(self, key: OffloadKey) -> None:
-        region = self._parked.pop(key, None)
-        if region is not None:
-            self._orders[region][key] = None
-            return
-        region = self._region_of(key)  # already evictable (or not stored)
-        if region is not None:
-            self._orders[region].move_to_end(key)
+        for region, parked in enumerate(self._parked):
+            if key in parked:
+                parked.remove(key)
+                self._orders[region][key] = None
+                return
+        where = self._region_of(key)  # already evictable (or not stored)
+        if where is not None:
+            self._orders[where].move_to_end(key)
 
     def mark_evictable_many(self, keys: Sequence[OffloadKey]) -> None:
         if type(self).mark_evictable is not WTinyLFUCachePolicy.mark_evictable:  # a subclass hook
             super().mark_evictable_many(keys)
             return
-        parked, orders = self._parked, self._orders
+        parked = self._parked[WINDOW]
+        if len(keys) > 1 and parked.issuperset(keys):  # the usual case: stores just completed
+            before = len(parked)
+            parked.difference_update(keys)
+            if before - len(parked) == len(keys):  # no key repeated: each lands at the end
+                window = self._orders[WINDOW]
+                for key in keys:
+                    window[key] = None
+                return
+            parked.update(keys)  # undo: one at a time below
         for key in keys:
-            region = parked.pop(key, None)
-            if region is not None:
-                orders[region][key] = None
-            else:
-                self.mark_evictable(key)
+            self.mark_evictable(key)
 
     def mark_non_evictable(self, key: OffloadKey) -> None:
-        if key in self._parked:
-            return
-        for region, order in enumerate(self._orders):
-            if key in order:
-                del order[key]
-                self._parked[key] = region
-                return
+        window, probation, protected = self._orders
+        if key in probation:
+            del probation[key]
+            self._parked[PROBATION].add(key)
+        elif key in protected:
+            del protected[key]
+            self._parked[PROTECTED].add(key)
+        elif key in window:
+            del window[key]
+            self._parked[WINDOW].add(key)
 
     def stats(self) -> Mapping[str, float]:
         return {
