@@ -23,6 +23,7 @@ from __future__ import annotations
 from binascii import crc32
 from collections.abc import Iterable
 from math import isqrt
+from typing import Any
 
 MAX_COUNT = 15
 DEPTH = 4
@@ -120,31 +121,11 @@ class FrequencySketch:
         """:meth:`increment` for each of ``keys``, in order."""
         if not isinstance(keys, (list, tuple)):
             keys = list(keys)
-        if not self.doorkeeper or self.additions + len(keys) >= self.sample_size:
+        if self.additions + len(keys) >= self.sample_size:
             self.increment_hashes(self.key_hashes(keys))  # (aging within: in runs)
             return
-        # The usual case, fused: hash and record one key at a time, as _record does.
+        self._record(keys, hashed=False)  # the usual case: hashing fused with recording
         self.additions += len(keys)
-        row0, row1, row2, row3 = self._rows
-        mask, inc = self._mask, _INC
-        door, door_mask = self._door, self._door_mask
-        crc, mix = crc32, _MIX
-        for key in keys:
-            h = crc(key) * mix >> 32
-            bit0 = h & door_mask
-            bit1 = h >> 32 & door_mask
-            bit2 = h >> 64 & door_mask
-            if not (door[bit0] and door[bit1] and door[bit2]):
-                door[bit0] = door[bit1] = door[bit2] = 1
-                continue
-            cell = h >> 96 & mask
-            row0[cell] = inc[row0[cell]]
-            cell = h >> 128 & mask
-            row1[cell] = inc[row1[cell]]
-            cell = h >> 160 & mask
-            row2[cell] = inc[row2[cell]]
-            cell = h >> 192 & mask
-            row3[cell] = inc[row3[cell]]
 
     def increment_hashes(self, key_hashes: Iterable[int]) -> None:
         """:meth:`increment_hash` for each of ``key_hashes``, in order.
@@ -167,29 +148,23 @@ class FrequencySketch:
                 self.age()
             start = end
 
-    def _record(self, key_hashes: list[int]) -> None:
-        """Record the uses (within one sample period: no aging, no counting here)."""
+    def _record(self, items: Iterable[Any], hashed: bool = True) -> None:
+        """Record the uses of ``items``, hashes or (``hashed=False``) keys, within one sample
+        period: no aging, no counting here."""
         row0, row1, row2, row3 = self._rows
         mask, inc = self._mask, _INC
-        if not self.doorkeeper:
-            for h in key_hashes:
-                cell = h >> 96 & mask
-                row0[cell] = inc[row0[cell]]
-                cell = h >> 128 & mask
-                row1[cell] = inc[row1[cell]]
-                cell = h >> 160 & mask
-                row2[cell] = inc[row2[cell]]
-                cell = h >> 192 & mask
-                row3[cell] = inc[row3[cell]]
-            return
         door, door_mask = self._door, self._door_mask
-        for h in key_hashes:
-            bit0 = h & door_mask
-            bit1 = h >> 32 & door_mask
-            bit2 = h >> 64 & door_mask
-            if not (door[bit0] and door[bit1] and door[bit2]):
-                door[bit0] = door[bit1] = door[bit2] = 1
-                continue
+        doorkeeper = self.doorkeeper
+        crc, mix = crc32, _MIX
+        for item in items:
+            h: int = item if hashed else crc(item) * mix >> 32
+            if doorkeeper:
+                bit0 = h & door_mask
+                bit1 = h >> 32 & door_mask
+                bit2 = h >> 64 & door_mask
+                if not (door[bit0] and door[bit1] and door[bit2]):
+                    door[bit0] = door[bit1] = door[bit2] = 1
+                    continue
             cell = h >> 96 & mask
             row0[cell] = inc[row0[cell]]
             cell = h >> 128 & mask
