@@ -172,6 +172,24 @@ def replay(
     return hits, elapsed
 
 
+def replay_parser(description: str, runs: int) -> argparse.ArgumentParser:
+    """The ``--trace`` / ``--capacity`` / ``--runs`` options every replay benchmark takes."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--trace", type=Path, default=DEFAULT_TRACE)
+    parser.add_argument("--capacity", default="5%")
+    parser.add_argument("--runs", type=int, default=runs)
+    return parser
+
+
+def load_replay_trace(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[Any, int]:
+    """The parsed ``--trace`` and its ``--capacity`` in blocks (a parser error if missing)."""
+    if not args.trace.exists():
+        parser.error(f"trace {args.trace} not found (give --trace)")
+    trace = load_trace(args.trace)
+    capacity = parse_capacity(args.capacity, trace.num_unique_blocks, trace.block_tokens).blocks
+    return trace, capacity
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Parse, build keys, replay interleaved; return the report as a JSON-ready dict."""
     trace = load_trace(args.trace, max_requests=args.limit)

@@ -14,7 +14,6 @@ hit count; the ratio says how much of our per-block cost is the manager/policy l
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import time
@@ -26,12 +25,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from compare_vllm import DEFAULT_TRACE, build_keys, load_ours, make_contexts
+from compare_vllm import build_keys, load_ours, load_replay_trace, make_contexts, replay_parser
 from compare_vllm import replay as replay_manager
 from kvoffload.manager import CPULoadStoreSpec, PrepareStoreOutput
 from kvoffload.policies.base import BlockStatus
-from kvoffload.sim.capacity import parse_capacity
-from kvoffload.sim.traces import load_trace
 
 _block_id = attrgetter("block_id")
 
@@ -108,15 +105,9 @@ def fused_replay(capacity: int, requests: list[list[bytes]]) -> tuple[int, int]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--trace", type=Path, default=DEFAULT_TRACE)
-    parser.add_argument("--capacity", default="5%")
-    parser.add_argument("--runs", type=int, default=5)
+    parser = replay_parser(__doc__.split("\n\n")[0], runs=5)
     args = parser.parse_args(argv)
-    if not args.trace.exists():
-        parser.error(f"trace {args.trace} not found (give --trace)")
-    trace = load_trace(args.trace)
-    capacity = parse_capacity(args.capacity, trace.num_unique_blocks, trace.block_tokens).blocks
+    trace, capacity = load_replay_trace(parser, args)
     lib = load_ours()
     requests = build_keys(lib, [r.block_ids for r in trace.requests])
     ours_ns: list[float] = []

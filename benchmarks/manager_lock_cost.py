@@ -10,7 +10,6 @@ their ratio (median of the per-pair ratios, like compare_vllm.py).
 
 from __future__ import annotations
 
-import argparse
 import functools
 import statistics
 import sys
@@ -20,24 +19,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from compare_vllm import DEFAULT_TRACE, build_keys, load_ours, make_contexts
+from compare_vllm import build_keys, load_ours, load_replay_trace, make_contexts, replay_parser
 from compare_vllm import replay as replay_trace
 from kvoffload.manager import CPUOffloadingManager
-from kvoffload.sim.capacity import parse_capacity
-from kvoffload.sim.traces import load_trace
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--trace", type=Path, default=DEFAULT_TRACE)
-    parser.add_argument("--capacity", default="5%")
+    parser = replay_parser(__doc__.split("\n\n")[0], runs=5)
     parser.add_argument("--policies", default="lru,arc")
-    parser.add_argument("--runs", type=int, default=5)
     args = parser.parse_args(argv)
-    if not args.trace.exists():
-        parser.error(f"trace {args.trace} not found (give --trace)")
-    trace = load_trace(args.trace)
-    capacity = parse_capacity(args.capacity, trace.num_unique_blocks, trace.block_tokens).blocks
+    trace, capacity = load_replay_trace(parser, args)
     plain = load_ours()
     locked = replace(plain, manager_cls=functools.partial(CPUOffloadingManager, thread_safe=True))
     keys = build_keys(plain, [r.block_ids for r in trace.requests])

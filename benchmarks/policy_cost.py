@@ -10,7 +10,6 @@ machine's load affects both sides of each ratio alike.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 from collections.abc import Sequence
@@ -18,24 +17,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from compare_vllm import DEFAULT_TRACE, build_keys, load_ours, make_contexts
+from compare_vllm import build_keys, load_ours, load_replay_trace, make_contexts, replay_parser
 from compare_vllm import replay as replay_trace
 from kvoffload.policies import BUILTIN_POLICIES
-from kvoffload.sim.capacity import parse_capacity
-from kvoffload.sim.traces import load_trace
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--trace", type=Path, default=DEFAULT_TRACE)
-    parser.add_argument("--capacity", default="5%")
+    parser = replay_parser(__doc__.split("\n\n")[0], runs=3)
     parser.add_argument("--policies", default="", help="comma-separated (default: all built-ins)")
-    parser.add_argument("--runs", type=int, default=3)
     args = parser.parse_args(argv)
-    if not args.trace.exists():
-        parser.error(f"trace {args.trace} not found (give --trace)")
-    trace = load_trace(args.trace)
-    capacity = parse_capacity(args.capacity, trace.num_unique_blocks, trace.block_tokens).blocks
+    trace, capacity = load_replay_trace(parser, args)
     policies = [p.strip() for p in args.policies.split(",") if p.strip()] or [
         row[0] for row in BUILTIN_POLICIES
     ]
