@@ -25,16 +25,9 @@ from collections.abc import Collection, Iterable, Mapping
 from kvoffload.context import ReqContext
 from kvoffload.keys import OffloadKey
 from kvoffload.policies.base import BlockStatus, CachePolicy, Victims
+from kvoffload.policies.params import check_int
 
 _MAX_COUNTER_BITS = 16
-
-
-def _check_int(name: str, value: int, low: int, high: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if not low <= value <= high:
-        raise ValueError(f"{name} must be in [{low}, {high}], got {value}")
-    return value
 
 
 class ClockCachePolicy(CachePolicy):
@@ -44,9 +37,9 @@ class ClockCachePolicy(CachePolicy):
 
     def __init__(self, cache_capacity: int, *, init_freq: int = 0, n_bit_counter: int = 1) -> None:
         super().__init__(cache_capacity)
-        self.n_bit_counter = _check_int("n_bit_counter", n_bit_counter, 1, _MAX_COUNTER_BITS)
+        self.n_bit_counter = check_int("n_bit_counter", n_bit_counter, 1, _MAX_COUNTER_BITS)
         self.max_freq = (1 << self.n_bit_counter) - 1
-        self.init_freq = _check_int("init_freq", init_freq, 0, self.max_freq)
+        self.init_freq = check_int("init_freq", init_freq, 0, self.max_freq)
         self._blocks: dict[OffloadKey, BlockStatus] = {}
         # The ring as a queue: the front is under the hand. Holds pinned/pending blocks too.
         self._ring: OrderedDict[OffloadKey, int] = OrderedDict()  # key -> use counter

@@ -33,17 +33,10 @@ from itertools import chain
 from kvoffload.context import ReqContext
 from kvoffload.keys import OffloadKey
 from kvoffload.policies.base import BlockStatus, CachePolicy, Victims
+from kvoffload.policies.params import check_number
 
 _MIN_WEIGHT = 1e-6
 _LRU, _LFU = 0, 1
-
-
-def _check_number(name: str, value: float, low: float, high: float) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a number, got {type(value).__name__}")
-    if not low <= value <= high:
-        raise ValueError(f"{name} must be in [{low}, {high}], got {value}")
-    return float(value)
 
 
 class LeCaRCachePolicy(CachePolicy):
@@ -61,11 +54,11 @@ class LeCaRCachePolicy(CachePolicy):
         seed: int = 0,
     ) -> None:
         super().__init__(cache_capacity)
-        self.learning_rate = _check_number("learning_rate", learning_rate, 0.0, 100.0)
-        self.initial_lru_weight = _check_number(
+        self.learning_rate = check_number("learning_rate", learning_rate, 0.0, 100.0)
+        self.initial_lru_weight = check_number(
             "initial_lru_weight", initial_lru_weight, _MIN_WEIGHT, 1.0 - _MIN_WEIGHT
         )
-        self.history_ratio = _check_number("history_ratio", history_ratio, 0.0, 16.0)
+        self.history_ratio = check_number("history_ratio", history_ratio, 0.0, 16.0)
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise TypeError(f"seed must be an int, got {type(seed).__name__}")
         self.seed = seed

@@ -36,14 +36,7 @@ from kvoffload.context import ReqContext
 from kvoffload.keys import OffloadKey
 from kvoffload.policies.base import BlockStatus, CachePolicy, Victims
 from kvoffload.policies.lru import protected_disjoint
-
-
-def _check_ratio(name: str, value: float, low: float, high: float) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a number, got {type(value).__name__}")
-    if not low <= value <= high:
-        raise ValueError(f"{name} must be in [{low}, {high}], got {value}")
-    return float(value)
+from kvoffload.policies.params import check_number
 
 
 class LIRSCachePolicy(CachePolicy):
@@ -55,8 +48,8 @@ class LIRSCachePolicy(CachePolicy):
         self, cache_capacity: int, *, hir_ratio: float = 0.01, stack_ratio: float = 2.0
     ) -> None:
         super().__init__(cache_capacity)
-        self.hir_ratio = _check_ratio("hir_ratio", hir_ratio, 0.0, 1.0)
-        self.stack_ratio = _check_ratio("stack_ratio", stack_ratio, 1.0, 64.0)
+        self.hir_ratio = check_number("hir_ratio", hir_ratio, 0.0, 1.0)
+        self.stack_ratio = check_number("stack_ratio", stack_ratio, 1.0, 64.0)
         self._hir_limit = max(1, int(self.hir_ratio * cache_capacity)) if cache_capacity else 0
         self._lir_limit = cache_capacity - self._hir_limit
         self._stack_limit = int(self.stack_ratio * cache_capacity)

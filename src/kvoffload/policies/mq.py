@@ -31,16 +31,9 @@ from kvoffload.context import ReqContext
 from kvoffload.keys import OffloadKey
 from kvoffload.policies.base import BlockStatus, CachePolicy, Victims
 from kvoffload.policies.lru import protected_disjoint
+from kvoffload.policies.params import check_int, check_number
 
 _NEVER = float("inf")
-
-
-def _check_int(name: str, value: int, low: int, high: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if not low <= value <= high:
-        raise ValueError(f"{name} must be in [{low}, {high}], got {value}")
-    return value
 
 
 class MQCachePolicy(CachePolicy):
@@ -57,13 +50,9 @@ class MQCachePolicy(CachePolicy):
         qout_ratio: float = 4.0,
     ) -> None:
         super().__init__(cache_capacity)
-        self.num_queues = _check_int("num_queues", num_queues, 1, 64)
-        self.lifetime = _check_int("lifetime", lifetime, 1, 2**62)
-        if isinstance(qout_ratio, bool) or not isinstance(qout_ratio, (int, float)):
-            raise TypeError(f"qout_ratio must be a number, got {type(qout_ratio).__name__}")
-        if not 0.0 <= qout_ratio <= 64.0:
-            raise ValueError(f"qout_ratio must be in [0, 64] (ghosts per block), got {qout_ratio}")
-        self.qout_ratio = float(qout_ratio)
+        self.num_queues = check_int("num_queues", num_queues, 1, 64)
+        self.lifetime = check_int("lifetime", lifetime, 1, 2**62)
+        self.qout_ratio = check_number("qout_ratio", qout_ratio, 0, 64, why=" (ghosts per block)")
         self._qout_limit = int(cache_capacity * self.qout_ratio)
         # Resident blocks, one plain dict per field (cheaper than an object per block):
         self._blocks: dict[OffloadKey, BlockStatus] = {}

@@ -43,7 +43,6 @@ reinsertions and victims on the side, and only then commits the plan.
 
 from __future__ import annotations
 
-import math
 from collections import OrderedDict, deque
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from itertools import islice
@@ -53,19 +52,10 @@ from kvoffload.context import ReqContext
 from kvoffload.keys import OffloadKey
 from kvoffload.policies.base import BlockStatus, CachePolicy, Victims
 from kvoffload.policies.lru import protected_disjoint
+from kvoffload.policies.params import check_int, check_number
 
 _MAX_FREQ = 3  # 2-bit counters
 _ref_count = attrgetter("ref_cnt")
-
-
-def _check_ratio(name: str, value: float, low: float, high: float, low_open: bool) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a number, got {type(value).__name__}")
-    too_low = value <= low if low_open else value < low
-    if not math.isfinite(value) or too_low or value >= high:
-        bracket = "(" if low_open else "["
-        raise ValueError(f"{name} must be in {bracket}{low}, {high}), got {value}")
-    return float(value)
 
 
 class S3FIFOCachePolicy(CachePolicy):
@@ -82,19 +72,19 @@ class S3FIFOCachePolicy(CachePolicy):
         move_to_main_threshold: int = 2,
     ) -> None:
         super().__init__(cache_capacity)
-        self.small_size_ratio = _check_ratio("small_size_ratio", small_size_ratio, 0, 1, True)
-        self.ghost_size_ratio = _check_ratio("ghost_size_ratio", ghost_size_ratio, 0, 16, False)
-        threshold = move_to_main_threshold
-        if isinstance(threshold, bool) or not isinstance(threshold, int):
-            raise TypeError(
-                f"move_to_main_threshold must be an int, got {type(threshold).__name__}"
-            )
-        if not 1 <= threshold <= _MAX_FREQ:
-            raise ValueError(
-                f"move_to_main_threshold must be in [1, {_MAX_FREQ}] (uses are counted in 2 "
-                f"bits), got {threshold}"
-            )
-        self.move_to_main_threshold = threshold
+        self.small_size_ratio = check_number(
+            "small_size_ratio", small_size_ratio, 0, 1, low_open=True, high_open=True
+        )
+        self.ghost_size_ratio = check_number(
+            "ghost_size_ratio", ghost_size_ratio, 0, 16, high_open=True
+        )
+        self.move_to_main_threshold = check_int(
+            "move_to_main_threshold",
+            move_to_main_threshold,
+            1,
+            _MAX_FREQ,
+            why=" (uses are counted in 2 bits)",
+        )
         self._small_limit = max(1, int(cache_capacity * self.small_size_ratio))
         self._ghost_limit = int(cache_capacity * self.ghost_size_ratio)
         self._blocks: dict[OffloadKey, BlockStatus] = {}

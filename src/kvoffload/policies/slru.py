@@ -34,27 +34,13 @@ from collections.abc import Collection, Iterable, Mapping
 from kvoffload.context import ReqContext
 from kvoffload.keys import OffloadKey
 from kvoffload.policies.base import BlockStatus, CachePolicy, Victims
+from kvoffload.policies.params import check_int, check_number
 
 
 def segment_limits(capacity: int, num_segments: int, protected_ratio: float) -> list[int]:
     """Per-level capacity, probation first: protected levels equal, probation the remainder."""
     each = int(capacity * protected_ratio / (num_segments - 1)) if num_segments > 1 else 0
     return [capacity - each * (num_segments - 1)] + [each] * (num_segments - 1)
-
-
-def _check_params(num_segments: int, protected_ratio: float) -> None:
-    if isinstance(num_segments, bool) or not isinstance(num_segments, int):
-        raise TypeError(f"num_segments must be an int, got {type(num_segments).__name__}")
-    if not 2 <= num_segments <= 64:
-        raise ValueError(
-            f"num_segments must be in [2, 64] (probation plus protected levels), got {num_segments}"
-        )
-    if isinstance(protected_ratio, bool) or not isinstance(protected_ratio, (int, float)):
-        raise TypeError(f"protected_ratio must be a number, got {type(protected_ratio).__name__}")
-    if not 0.0 <= protected_ratio < 1.0:
-        raise ValueError(
-            f"protected_ratio must be in [0, 1) (probation needs room), got {protected_ratio}"
-        )
 
 
 class SLRUCachePolicy(CachePolicy):
@@ -71,7 +57,10 @@ class SLRUCachePolicy(CachePolicy):
         fill_free_segments: bool = False,
     ) -> None:
         super().__init__(cache_capacity)
-        _check_params(num_segments, protected_ratio)
+        check_int("num_segments", num_segments, 2, 64, why=" (probation plus protected levels)")
+        check_number(
+            "protected_ratio", protected_ratio, 0, 1, high_open=True, why=" (probation needs room)"
+        )
         if not isinstance(fill_free_segments, bool):
             raise TypeError("fill_free_segments must be True or False")
         self.protected_ratio = float(protected_ratio)

@@ -31,14 +31,7 @@ from collections.abc import Collection, Iterable, Iterator, Mapping
 from kvoffload.context import ReqContext
 from kvoffload.keys import OffloadKey
 from kvoffload.policies.base import BlockStatus, CachePolicy, Victims
-
-
-def _check_ratio(name: str, value: float, upper: float) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a number, got {type(value).__name__}")
-    if not 0.0 <= value <= upper:
-        raise ValueError(f"{name} must be in [0, {upper}], got {value}")
-    return float(value)
+from kvoffload.policies.params import check_number
 
 
 def _next_unprotected(
@@ -59,8 +52,8 @@ class TwoQCachePolicy(CachePolicy):
         self, cache_capacity: int, *, a_in_ratio: float = 0.25, a_out_ratio: float = 0.5
     ) -> None:
         super().__init__(cache_capacity)
-        self.a_in_ratio = _check_ratio("a_in_ratio", a_in_ratio, 1.0)
-        self.a_out_ratio = _check_ratio("a_out_ratio", a_out_ratio, 16.0)
+        self.a_in_ratio = check_number("a_in_ratio", a_in_ratio, 0, 1.0)
+        self.a_out_ratio = check_number("a_out_ratio", a_out_ratio, 0, 16.0)
         self._in_limit = int(cache_capacity * self.a_in_ratio)
         self._out_limit = int(cache_capacity * self.a_out_ratio)
         self._blocks: dict[OffloadKey, BlockStatus] = {}
@@ -154,7 +147,11 @@ class TwoQCachePolicy(CachePolicy):
 
     def clear(self) -> None:
         for container in (
-            self._blocks, self._in_members, self._in_order, self._am_order, self._out,
+            self._blocks,
+            self._in_members,
+            self._in_order,
+            self._am_order,
+            self._out,
             self._reused,
         ):
             container.clear()

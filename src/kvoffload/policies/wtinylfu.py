@@ -41,19 +41,12 @@ from kvoffload.keys import OffloadKey
 from kvoffload.policies.base import BlockStatus, CachePolicy, Victims
 from kvoffload.policies.frequency_sketch import FrequencySketch
 from kvoffload.policies.lru import protected_disjoint, ref_count
+from kvoffload.policies.params import check_int, check_number
 
 WINDOW, PROBATION, PROTECTED = 0, 1, 2
 STEP_FRACTION = 0.0625
 STEP_DECAY = 0.98
 RESTART_THRESHOLD = 0.05
-
-
-def _check_fraction(name: str, value: float, low: float, high: float) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a number, got {type(value).__name__}")
-    if not low <= value <= high:
-        raise ValueError(f"{name} must be in [{low}, {high}], got {value}")
-    return float(value)
 
 
 class WTinyLFUCachePolicy(CachePolicy):
@@ -72,19 +65,14 @@ class WTinyLFUCachePolicy(CachePolicy):
         doorkeeper: bool = True,
     ) -> None:
         super().__init__(cache_capacity)
-        self.window_ratio = _check_fraction("window_ratio", window_ratio, 0.0, 1.0)
-        self.protected_ratio = _check_fraction("protected_ratio", protected_ratio, 0.0, 1.0)
+        self.window_ratio = check_number("window_ratio", window_ratio, 0.0, 1.0)
+        self.protected_ratio = check_number("protected_ratio", protected_ratio, 0.0, 1.0)
         if not isinstance(adaptive, bool) or not isinstance(doorkeeper, bool):
             raise TypeError("adaptive and doorkeeper must be True or False")
-        if isinstance(sample_factor, bool) or not isinstance(sample_factor, int):
-            raise TypeError(f"sample_factor must be an int, got {type(sample_factor).__name__}")
-        if not 1 <= sample_factor <= 1000:
-            raise ValueError(
-                f"sample_factor must be in [1, 1000] (uses per capacity between agings), "
-                f"got {sample_factor}"
-            )
+        self.sample_factor = check_int(
+            "sample_factor", sample_factor, 1, 1000, why=" (uses per capacity between agings)"
+        )
         self.adaptive = adaptive
-        self.sample_factor = sample_factor
         self._sample_size = sample_factor * max(1, cache_capacity)
         self._sketch = FrequencySketch(
             cache_capacity, sample_size=self._sample_size, doorkeeper=doorkeeper
