@@ -21,22 +21,13 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from itertools import islice
 
 from kvoffload.context import ReqContext
 from kvoffload.keys import OffloadKey
 from kvoffload.policies.base import BlockStatus, CachePolicy, Victims
-from kvoffload.policies.lru import protected_disjoint, ref_count
-
-
-def _next_unprotected(
-    it: Iterator[OffloadKey], protected: Collection[OffloadKey]
-) -> OffloadKey | None:
-    for key in it:
-        if key not in protected:
-            return key
-    return None
+from kvoffload.policies.victims import next_unprotected, protected_disjoint, ref_count
 
 
 class ARCCachePolicy(CachePolicy):
@@ -216,21 +207,21 @@ class ARCCachePolicy(CachePolicy):
         from_t2: list[OffloadKey] = []
         for _ in range(n):
             if t1_size >= 1 and (t1_size > p or (missed_in_b2 and t1_size == p)):
-                key = _next_unprotected(t1_iter, protected)
+                key = next_unprotected(t1_iter, protected)
                 if key is not None:
                     from_t1.append(key)
                     t1_size -= 1
                     continue
-                key = _next_unprotected(t2_iter, protected)
+                key = next_unprotected(t2_iter, protected)
                 if key is None:
                     return None
                 from_t2.append(key)
                 continue
-            key = _next_unprotected(t2_iter, protected)
+            key = next_unprotected(t2_iter, protected)
             if key is not None:
                 from_t2.append(key)
                 continue
-            key = _next_unprotected(t1_iter, protected)
+            key = next_unprotected(t1_iter, protected)
             if key is None:
                 return None
             from_t1.append(key)

@@ -39,13 +39,12 @@ from collections import OrderedDict
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from itertools import compress, islice, repeat
 from itertools import count as count_from
-from operator import attrgetter
 from typing import Final
 
 from kvoffload.context import ReqContext
 from kvoffload.keys import OffloadKey
 from kvoffload.policies.base import BlockStatus, CachePolicy, Victims
-from kvoffload.policies.lru import protected_disjoint
+from kvoffload.policies.victims import protected_disjoint, ref_count
 
 _COUNT_BUCKETS = 4  # used 0, 1, 2-3, 4+ times since first stored (log2 buckets)
 _OUTPUT_NAMES = ("short", "medium", "long", "unknown")
@@ -73,7 +72,6 @@ _NEW_CLASS = _class_of(0, _UNKNOWN_OUTPUT)
 # The class of a block that came back, by its uses (_class_of; the last entry holds from there).
 _SATURATED = 1 << (_COUNT_BUCKETS - 1)
 _RETURNED_CLASS = tuple(_class_of(uses, _UNKNOWN_OUTPUT) for uses in range(_SATURATED + 1))
-_ref_count = attrgetter("ref_cnt")
 _EXACT = 1 << 53  # floats represent every integer up to here
 
 
@@ -289,7 +287,7 @@ class KVAwareCachePolicy(CachePolicy):
         self._blocks.update(zip(keys, metas, strict=True))
         self._statuses.update(zip(keys, blocks, strict=True))
         orders = self._orders
-        if 0 in map(_ref_count, blocks):  # usually none: the manager inserts pending blocks
+        if 0 in map(ref_count, blocks):  # usually none: the manager inserts pending blocks
             for key, block, meta in zip(keys, blocks, metas, strict=True):
                 if block.ref_cnt == 0:
                     orders[meta[_CLS]][key] = None

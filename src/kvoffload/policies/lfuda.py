@@ -30,14 +30,11 @@ import heapq
 from collections import OrderedDict
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from itertools import islice
-from operator import attrgetter
 
 from kvoffload.context import ReqContext
 from kvoffload.keys import OffloadKey
 from kvoffload.policies.base import BlockStatus, CachePolicy, Victims
-from kvoffload.policies.lru import protected_disjoint
-
-_ref_count = attrgetter("ref_cnt")
+from kvoffload.policies.victims import protected_disjoint, ref_count
 
 
 class LFUDACachePolicy(CachePolicy):
@@ -95,7 +92,7 @@ class LFUDACachePolicy(CachePolicy):
             return
         stored.update(zip(keys, blocks, strict=True))
         self._state.update(dict.fromkeys(keys, (1, self._age + 1)))
-        if 0 in map(_ref_count, blocks):  # usually none: the manager inserts pending blocks
+        if 0 in map(ref_count, blocks):  # usually none: the manager inserts pending blocks
             for key, block in zip(keys, blocks, strict=True):
                 if block.ref_cnt == 0:
                     self._push(key)

@@ -35,8 +35,8 @@ from itertools import islice
 from kvoffload.context import ReqContext
 from kvoffload.keys import OffloadKey
 from kvoffload.policies.base import BlockStatus, CachePolicy, Victims
-from kvoffload.policies.lru import protected_disjoint
 from kvoffload.policies.params import check_number
+from kvoffload.policies.victims import protected_disjoint
 
 
 class LIRSCachePolicy(CachePolicy):

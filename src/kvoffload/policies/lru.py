@@ -11,20 +11,11 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from itertools import islice
-from operator import attrgetter
 
 from kvoffload.context import ReqContext
 from kvoffload.keys import OffloadKey
 from kvoffload.policies.base import BlockStatus, CachePolicy, Victims
-
-ref_count = attrgetter("ref_cnt")
-
-
-def protected_disjoint(protected: Collection[OffloadKey], keys: list[OffloadKey]) -> bool:
-    """True when none of ``keys`` is protected (a set operation when ``protected`` is a set)."""
-    if isinstance(protected, (set, frozenset)):
-        return protected.isdisjoint(keys)
-    return not any(key in protected for key in keys)
+from kvoffload.policies.victims import protected_disjoint, ref_count
 
 
 class LRUCachePolicy(CachePolicy):

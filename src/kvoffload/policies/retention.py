@@ -32,14 +32,12 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from itertools import islice
-from operator import attrgetter
 
 from kvoffload.context import ReqContext
 from kvoffload.keys import OffloadKey
 from kvoffload.policies.base import BlockStatus, CachePolicy, Victims
-from kvoffload.policies.lru import protected_disjoint
+from kvoffload.policies.victims import protected_disjoint, ref_count
 
-_ref_count = attrgetter("ref_cnt")
 MIN_PRIORITY = 0
 MAX_PRIORITY = 100
 
@@ -289,7 +287,7 @@ class RetentionCachePolicy(CachePolicy):
             super().insert_many(keys, blocks, req_context)
             return
         self._level.update(dict.fromkeys(keys, level))
-        if 0 in map(_ref_count, blocks):  # usually none: the manager inserts pending blocks
+        if 0 in map(ref_count, blocks):  # usually none: the manager inserts pending blocks
             for key, block in zip(keys, blocks, strict=True):
                 if block.ref_cnt == 0:
                     self._list(key)

@@ -46,16 +46,14 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from itertools import islice
-from operator import attrgetter
 
 from kvoffload.context import ReqContext
 from kvoffload.keys import OffloadKey
 from kvoffload.policies.base import BlockStatus, CachePolicy, Victims
-from kvoffload.policies.lru import protected_disjoint
 from kvoffload.policies.params import check_int, check_number
+from kvoffload.policies.victims import protected_disjoint, ref_count
 
 _MAX_FREQ = 3  # 2-bit counters
-_ref_count = attrgetter("ref_cnt")
 
 
 class S3FIFOCachePolicy(CachePolicy):
@@ -138,7 +136,7 @@ class S3FIFOCachePolicy(CachePolicy):
             or len(fresh) != len(keys)  # a key repeated: the second insert raises
             or len(keys) != len(blocks)
             or not stored.keys().isdisjoint(keys)  # already stored: insert raises
-            or 0 in map(_ref_count, blocks)  # ready blocks (rare): the single calls
+            or 0 in map(ref_count, blocks)  # ready blocks (rare): the single calls
         ):
             super().insert_many(keys, blocks, req_context)
             return

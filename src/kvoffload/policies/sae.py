@@ -58,7 +58,7 @@ from itertools import islice
 from kvoffload.context import ReqContext
 from kvoffload.keys import OffloadKey
 from kvoffload.policies.base import BlockStatus, CachePolicy, Victims
-from kvoffload.policies.lru import protected_disjoint
+from kvoffload.policies.victims import protected_disjoint
 
 _INSTANCE_IDS = itertools.count()
 _POSITION_WEIGHTS = tuple(1.0 / math.log2(position + 2) for position in range(1024))

@@ -26,21 +26,13 @@ or load completed) re-enters its queue at the young end.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Collection, Iterable, Iterator, Mapping
+from collections.abc import Collection, Iterable, Mapping
 
 from kvoffload.context import ReqContext
 from kvoffload.keys import OffloadKey
 from kvoffload.policies.base import BlockStatus, CachePolicy, Victims
 from kvoffload.policies.params import check_number
-
-
-def _next_unprotected(
-    it: Iterator[OffloadKey], protected: Collection[OffloadKey]
-) -> OffloadKey | None:
-    for key in it:
-        if key not in protected:
-            return key
-    return None
+from kvoffload.policies.victims import next_unprotected
 
 
 class TwoQCachePolicy(CachePolicy):
@@ -112,17 +104,17 @@ class TwoQCachePolicy(CachePolicy):
         from_am: list[OffloadKey] = []
         for _ in range(n):
             if am_size > 0 and in_size <= self._in_limit:
-                key = _next_unprotected(am_iter, protected)
+                key = next_unprotected(am_iter, protected)
                 if key is not None:
                     from_am.append(key)
                     am_size -= 1
                     continue
-            key = _next_unprotected(in_iter, protected)
+            key = next_unprotected(in_iter, protected)
             if key is not None:
                 from_in.append(key)
                 in_size -= 1
                 continue
-            key = _next_unprotected(am_iter, protected)
+            key = next_unprotected(am_iter, protected)
             if key is None:
                 return None
             from_am.append(key)

@@ -40,8 +40,8 @@ from kvoffload.context import ReqContext
 from kvoffload.keys import OffloadKey
 from kvoffload.policies.base import BlockStatus, CachePolicy, Victims
 from kvoffload.policies.frequency_sketch import FrequencySketch
-from kvoffload.policies.lru import protected_disjoint, ref_count
 from kvoffload.policies.params import check_int, check_number
+from kvoffload.policies.victims import protected_disjoint, ref_count
 
 WINDOW, PROBATION, PROTECTED = 0, 1, 2
 STEP_FRACTION = 0.0625
