@@ -14,7 +14,7 @@ from kvoffload.context import ReqContext
 from kvoffload.keys import OffloadKey
 from kvoffload.manager import CPUOffloadingManager, LookupResult
 from kvoffload.policies.base import BlockStatus, CachePolicy
-from kvoffload.testing import int_key
+from kvoffload.testing import drive_single_blocks, int_key
 
 TRACE_FRACTIONS = (0.01, 0.05, 0.10, 0.25)
 
@@ -50,6 +50,31 @@ def libcachesim_hits_in_fresh_thread(make_cache: Callable[[], Any], block_ids: l
     thread.start()
     thread.join()
     return result[0]
+
+
+def assert_same_hits_on_random_sequences(
+    make_ours: Callable[[int], CachePolicy],
+    theirs: Callable[[int, list[int]], int],
+    seed: int,
+    count: int = 150,
+    capacity_range: tuple[int, int] = (1, 24),
+) -> None:
+    """Our policy, driven one block at a time, hits exactly as often as ``theirs`` on each
+    of ``random_sequences(seed, count, capacity_range)``."""
+    for capacity, ids in random_sequences(seed, count, capacity_range):
+        ours = drive_single_blocks(make_ours(capacity), ids)
+        assert ours == theirs(capacity, ids), (capacity, ids)
+
+
+def assert_same_hits_on_trace(
+    make_ours: Callable[[int], CachePolicy],
+    theirs: Callable[[int, list[int]], int],
+    flat_trace: list[int],
+    fraction: float,
+) -> None:
+    """The same on the shared trace at ``fraction`` of its unique blocks."""
+    capacity = int(len(set(flat_trace)) * fraction)
+    assert drive_single_blocks(make_ours(capacity), flat_trace) == theirs(capacity, flat_trace)
 
 
 def random_sequences(

@@ -8,17 +8,18 @@ import pytest
 from protocol_model_driver import run_against_model
 from replay_helpers import (
     TRACE_FRACTIONS,
+    assert_same_hits_on_random_sequences,
+    assert_same_hits_on_trace,
     import_libcachesim,
     libcachesim_hits,
     pin,
-    random_sequences,
     store_ready,
     unpin,
     victim_ids,
 )
 
 from kvoffload.policies.clock import ClockCachePolicy
-from kvoffload.testing import check_policy_conformance, drive_single_blocks, int_key
+from kvoffload.testing import check_policy_conformance, int_key
 
 COUNTER_SETTINGS = [
     {"n_bit_counter": 1, "init_freq": 0},  # libCacheSim's default: the classic CLOCK
@@ -87,16 +88,17 @@ class ClockModel:
 # ------------------------------------------------------------------ libCacheSim
 @pytest.mark.parametrize("params", COUNTER_SETTINGS)
 def test_matches_libcachesim_on_random_sequences(params: dict[str, int]) -> None:
-    for capacity, ids in random_sequences(seed=102, count=100, capacity_range=(1, 24)):
-        ours = drive_single_blocks(ClockCachePolicy(capacity, **params), ids)
-        assert ours == _theirs(capacity, ids, **params), (params, capacity, ids)
+    assert_same_hits_on_random_sequences(
+        lambda capacity: ClockCachePolicy(capacity, **params),
+        lambda capacity, ids: _theirs(capacity, ids, **params),
+        seed=102,
+        count=100,
+    )
 
 
 @pytest.mark.parametrize("fraction", TRACE_FRACTIONS)
 def test_matches_libcachesim_on_shared_trace(fraction: float, flat_trace: list[int]) -> None:
-    capacity = int(len(set(flat_trace)) * fraction)
-    ours = drive_single_blocks(ClockCachePolicy(capacity), flat_trace)
-    assert ours == _theirs(capacity, flat_trace)
+    assert_same_hits_on_trace(ClockCachePolicy, _theirs, flat_trace, fraction)
 
 
 # ------------------------------------------------------------------ reference model

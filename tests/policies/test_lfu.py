@@ -8,10 +8,11 @@ import pytest
 from protocol_model_driver import run_against_model
 from replay_helpers import (
     TRACE_FRACTIONS,
+    assert_same_hits_on_random_sequences,
+    assert_same_hits_on_trace,
     import_libcachesim,
     libcachesim_hits,
     pin,
-    random_sequences,
     store_ready,
     unpin,
     victim_ids,
@@ -86,16 +87,12 @@ class LFUModel:
 
 # ------------------------------------------------------------------ libCacheSim
 def test_matches_libcachesim_on_random_sequences() -> None:
-    for capacity, ids in random_sequences(seed=106, count=150, capacity_range=(1, 24)):
-        ours = drive_single_blocks(LFUCachePolicy(capacity), ids)
-        assert ours == _theirs(capacity, ids), (capacity, ids)
+    assert_same_hits_on_random_sequences(LFUCachePolicy, _theirs, seed=106)
 
 
 @pytest.mark.parametrize("fraction", TRACE_FRACTIONS)
 def test_matches_libcachesim_on_shared_trace(fraction: float, flat_trace: list[int]) -> None:
-    capacity = int(len(set(flat_trace)) * fraction)
-    ours = drive_single_blocks(LFUCachePolicy(capacity), flat_trace)
-    assert ours == _theirs(capacity, flat_trace)
+    assert_same_hits_on_trace(LFUCachePolicy, _theirs, flat_trace, fraction)
 
 
 def test_libcachesim_breaks_ties_by_last_use_not_by_insertion() -> None:

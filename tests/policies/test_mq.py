@@ -7,6 +7,8 @@ from typing import Any
 import pytest
 from replay_helpers import (
     TRACE_FRACTIONS,
+    assert_same_hits_on_random_sequences,
+    assert_same_hits_on_trace,
     import_libcachesim,
     libcachesim_hits,
     manager_decisions,
@@ -30,8 +32,7 @@ def _theirs(capacity: int, ids: list[int], **params: float) -> int:
 
 # ------------------------------------------------------------------ libCacheSim
 def test_matches_libcachesim_on_random_sequences() -> None:
-    for capacity, ids in random_sequences(seed=41, count=150, capacity_range=(1, 20)):
-        assert drive_single_blocks(MQCachePolicy(capacity), ids) == _theirs(capacity, ids)
+    assert_same_hits_on_random_sequences(MQCachePolicy, _theirs, seed=41, capacity_range=(1, 20))
 
 
 @pytest.mark.parametrize(
@@ -54,8 +55,7 @@ def test_matches_libcachesim_with_demotions(
 
 @pytest.mark.parametrize("fraction", TRACE_FRACTIONS)
 def test_matches_libcachesim_on_shared_trace(fraction: float, flat_trace: list[int]) -> None:
-    capacity = int(len(set(flat_trace)) * fraction)
-    assert drive_single_blocks(MQCachePolicy(capacity), flat_trace) == _theirs(capacity, flat_trace)
+    assert_same_hits_on_trace(MQCachePolicy, _theirs, flat_trace, fraction)
 
 
 def test_matches_libcachesim_on_shared_trace_with_short_lifetime(flat_trace: list[int]) -> None:

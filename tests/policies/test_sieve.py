@@ -6,10 +6,11 @@ import pytest
 from protocol_model_driver import run_against_model
 from replay_helpers import (
     TRACE_FRACTIONS,
+    assert_same_hits_on_random_sequences,
+    assert_same_hits_on_trace,
     import_libcachesim,
     libcachesim_hits,
     pin,
-    random_sequences,
     store_ready,
     unpin,
     victim_ids,
@@ -17,7 +18,7 @@ from replay_helpers import (
 
 from kvoffload.policies.base import BlockStatus
 from kvoffload.policies.sieve import SieveCachePolicy
-from kvoffload.testing import check_policy_conformance, drive_single_blocks, int_key
+from kvoffload.testing import check_policy_conformance, int_key
 
 
 def _theirs(capacity: int, block_ids: list[int]) -> int:
@@ -87,16 +88,12 @@ class SieveModel:
 
 # ------------------------------------------------------------------ libCacheSim
 def test_matches_libcachesim_on_random_sequences() -> None:
-    for capacity, ids in random_sequences(seed=103, count=150, capacity_range=(1, 24)):
-        ours = drive_single_blocks(SieveCachePolicy(capacity), ids)
-        assert ours == _theirs(capacity, ids), (capacity, ids)
+    assert_same_hits_on_random_sequences(SieveCachePolicy, _theirs, seed=103)
 
 
 @pytest.mark.parametrize("fraction", TRACE_FRACTIONS)
 def test_matches_libcachesim_on_shared_trace(fraction: float, flat_trace: list[int]) -> None:
-    capacity = int(len(set(flat_trace)) * fraction)
-    ours = drive_single_blocks(SieveCachePolicy(capacity), flat_trace)
-    assert ours == _theirs(capacity, flat_trace)
+    assert_same_hits_on_trace(SieveCachePolicy, _theirs, flat_trace, fraction)
 
 
 # ------------------------------------------------------------------ reference model

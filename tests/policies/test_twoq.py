@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 from replay_helpers import (
     TRACE_FRACTIONS,
+    assert_same_hits_on_random_sequences,
+    assert_same_hits_on_trace,
     import_libcachesim,
     libcachesim_hits,
     pin,
@@ -24,9 +26,7 @@ def _theirs(capacity: int, block_ids: list[int], **params: float) -> int:
 
 # ------------------------------------------------------------------ libCacheSim
 def test_matches_libcachesim_on_random_sequences() -> None:
-    for capacity, ids in random_sequences(seed=21, count=150, capacity_range=(4, 24)):
-        ours = drive_single_blocks(TwoQCachePolicy(capacity), ids)
-        assert ours == _theirs(capacity, ids), (capacity, ids)
+    assert_same_hits_on_random_sequences(TwoQCachePolicy, _theirs, seed=21, capacity_range=(4, 24))
 
 
 def test_matches_libcachesim_with_other_ratios() -> None:
@@ -38,9 +38,7 @@ def test_matches_libcachesim_with_other_ratios() -> None:
 
 @pytest.mark.parametrize("fraction", TRACE_FRACTIONS)
 def test_matches_libcachesim_on_shared_trace(fraction: float, flat_trace: list[int]) -> None:
-    capacity = int(len(set(flat_trace)) * fraction)
-    ours = drive_single_blocks(TwoQCachePolicy(capacity), flat_trace)
-    assert ours == _theirs(capacity, flat_trace)
+    assert_same_hits_on_trace(TwoQCachePolicy, _theirs, flat_trace, fraction)
 
 
 def test_documented_difference_small_capacities_still_cache() -> None:
