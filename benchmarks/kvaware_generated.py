@@ -32,7 +32,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--capacities", default="1,5,25", help="percent of unique blocks")
     parser.add_argument("--policies", default="lru,mq,kvaware")
     args = parser.parse_args(argv)
-    percents = [float(p) for p in args.capacities.split(",") if p.strip()]
+    try:
+        percents = [float(p) for p in args.capacities.split(",") if p.strip()]
+    except ValueError:
+        parser.error(f"--capacities takes comma-separated percents, got {args.capacities!r}")
+    if not percents or not all(0 < p <= 100 for p in percents):
+        parser.error(f"--capacities must be percents in (0, 100], got {args.capacities!r}")
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     wins = cells = 0
     print(f"{'setting':<72} {'cap':>4} " + " ".join(f"{p:>9}" for p in policies))
