@@ -137,3 +137,10 @@ def test_access_blocks_reports_what_it_did() -> None:
     stats = m.get_stats()
     assert (stats.lookups, stats.hits, stats.loads, stats.stores_completed) == (4, 1, 1, 3)
     assert m.lookup(b) is LookupResult.MISS  # a's hit made b the least recent
+
+
+def test_access_blocks_needs_the_request_context() -> None:
+    m = CPUOffloadingManager(2)
+    with pytest.raises(ValueError, match="ReqContext"):
+        m.access_blocks([int_key(1)], None)  # type: ignore[arg-type]
+    assert m.get_stats().lookups == 0
