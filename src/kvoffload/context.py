@@ -8,7 +8,9 @@ work when a hint is missing.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -57,6 +59,11 @@ class ReqContext:
     def get_offload_key_position(self, key: bytes) -> int | None:
         """The recorded end-token position of ``key``, or ``None`` when unknown."""
         return self._positions.get(key)
+
+    @property
+    def key_positions(self) -> Mapping[bytes, int]:
+        """Every recorded end-token position, read-only (``.get`` looks up many keys fast)."""
+        return MappingProxyType(self._positions)
 
     def set_key_positions(self, keys: list[bytes], block_tokens: int, start: int = 0) -> None:
         """Record positions of consecutive ``block_tokens``-token blocks starting at ``start``."""

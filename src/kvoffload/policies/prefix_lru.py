@@ -352,7 +352,7 @@ class PrefixLRUCachePolicy(CachePolicy):
 def _position_getter(req_context: ReqContext) -> Callable[[OffloadKey], int | None]:
     """``req_context.get_offload_key_position``, as a C-level lookup when it is the stock one."""
     if type(req_context).get_offload_key_position is ReqContext.get_offload_key_position:
-        return req_context._positions.get
+        return req_context.key_positions.get
     return req_context.get_offload_key_position
 
 
