@@ -277,8 +277,12 @@ class ARCCachePolicy(CachePolicy):
             and t1_order.keys().isdisjoint(keys)
             and all(map(blocks.__contains__, keys))
         ):
+            before = len(t1_order)
             for key in keys:  # the usual case: fresh T1 blocks land at the end, no moves
                 t1_order[key] = None
+            if len(t1_order) - before < len(keys):  # a key given twice: its last mark counts
+                for key in keys:
+                    t1_order.move_to_end(key)
             return
         for key in keys:
             if key in blocks:

@@ -75,8 +75,12 @@ class LRUCachePolicy(CachePolicy):
             self.mark_evictable(keys[0])
             return
         if evictable.keys().isdisjoint(keys) and all(map(blocks.__contains__, keys)):
+            before = len(evictable)
             for key in keys:  # the usual case: new entries land at the end, no moves needed
                 evictable[key] = None  # (faster than OrderedDict.update)
+            if len(evictable) - before < len(keys):  # a key given twice: its last mark counts
+                for key in keys:
+                    evictable.move_to_end(key)
             return
         for key in keys:
             if key in blocks:

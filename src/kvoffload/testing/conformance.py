@@ -219,6 +219,8 @@ class _Driver:
             return
         if success and self.batch_primary:
             batch = self.rng.sample(pending, self.rng.randint(1, min(3, len(pending))))
+            if len(batch) > 1 and self.rng.random() < 0.25:
+                batch.append(batch[0])  # a key given twice: its later mark counts, as singly
             for inst in self.instances:
                 for key in batch:
                     inst.status[key].ref_cnt = 0
