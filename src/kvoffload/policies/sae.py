@@ -70,6 +70,7 @@ class _Session:
 
     __slots__ = (
         "alive",
+        "busy",
         "evictable",
         "hits",
         "in_heap",
@@ -83,12 +84,13 @@ class _Session:
     def __init__(self, sid: int, name: str | None, last_touch: int, prefix_depth: int) -> None:
         self.sid = sid
         self.name = name
-        # Its blocks in insertion order (the tail is last), each with whether it is evictable.
-        self.keys: dict[OffloadKey, bool] = {}
+        # Its blocks in insertion order (the tail is last), each with its scaled ghost score.
+        self.keys: dict[OffloadKey, float] = {}
+        self.busy: set[OffloadKey] = set()  # its blocks that are not evictable (ref_cnt != 0)
         self.hits = 0.0
         self.last_touch = last_touch
         self.prefix_depth = prefix_depth
-        self.evictable = 0  # blocks with ref_cnt 0
+        self.evictable = 0  # blocks with ref_cnt 0: len(keys) - len(busy)
         self.in_heap = False  # the session has its (one) heap entry
         self.alive = True
 
@@ -178,11 +180,10 @@ class SAECachePolicy(CachePolicy):
         self._id = next(_INSTANCE_IDS)
         self._epoch = 0  # bumped by clear: older per-request state is ignored
         self._next_sid = 0  # never reset, so a stale session id cannot alias a new session
-        # Stored blocks, one dict per field: status, owning session, scaled ghost score (whether
-        # a block is evictable is kept in its session's ``keys``).
+        # Stored blocks, one dict per field: status, owning session (the scaled ghost score, and
+        # whether a block is evictable, are kept in its session: ``keys``, ``busy``).
         self._statuses: dict[OffloadKey, BlockStatus] = {}
         self._session_of: dict[OffloadKey, _Session] = {}
-        self._ghost_of: dict[OffloadKey, float] = {}
         self._sessions: dict[int, _Session] = {}
         self._named: dict[str, _Session] = {}
         self._heap: list[tuple[float, int]] = []  # (score lower bound, sid)
@@ -308,9 +309,8 @@ class SAECachePolicy(CachePolicy):
 
     def ghost_score(self, key: OffloadKey) -> float:
         """``key``'s current ghost score (stored or not), 0 if it has none."""
-        stored = self._ghost_of.get(key)
-        if stored is None:
-            stored = self._ghosts.get(key, 0.0)
+        session = self._session_of.get(key)
+        stored = session.keys[key] if session is not None else self._ghosts.get(key, 0.0)
         return self._ghost_value(stored)
 
     def _decay(self) -> None:
@@ -318,9 +318,10 @@ class SAECachePolicy(CachePolicy):
         self._scale *= self.decay_factor
         if self._scale < _RESCALE_BELOW:
             scale = self._scale
-            ghost_of = self._ghost_of
-            for key in ghost_of:
-                ghost_of[key] *= scale
+            for session in self._sessions.values():
+                ghost_of = session.keys
+                for key in ghost_of:
+                    ghost_of[key] *= scale
             for key in self._ghosts:
                 self._ghosts[key] *= scale
             self._scale = 1.0
@@ -347,14 +348,14 @@ class SAECachePolicy(CachePolicy):
             session = self._session_for_insert(state, req_context)
         stored_ghost = self._ghosts.pop(key, 0.0)
         ghost = self._ghost_value(stored_ghost)
-        evictable = block.ref_cnt == 0
         self._statuses[key] = block
         self._session_of[key] = session
-        self._ghost_of[key] = stored_ghost if ghost else 0.0
-        session.keys[key] = evictable
+        session.keys[key] = stored_ghost if ghost else 0.0
         if state.fresh and ghost:
             session.hits += ghost / self.ghost_norm  # a growing score needs no heap work
-        if evictable:
+        if block.ref_cnt:
+            session.busy.add(key)
+        else:  # evictable at once
             session.evictable += 1
             self._num_evictable += 1
             self._queue(session)
@@ -368,29 +369,34 @@ class SAECachePolicy(CachePolicy):
         if type(self).insert is not SAECachePolicy.insert:  # a subclass hooks insert: honour it
             super().insert_many(keys, blocks, req_context)
             return
-        # insert for each key, with the request's state looked up once.
-        statuses, session_of, ghost_of = self._statuses, self._session_of, self._ghost_of
-        ghosts = self._ghosts
+        # insert for each key, with the request's state and session looked up once (again
+        # only after a removal, which may drop the session); ghost_of: the session's ghosts.
+        statuses, session_of, ghosts = self._statuses, self._session_of, self._ghosts
         scale, threshold, norm = self._scale, self.ghost_prune_threshold, self.ghost_norm
         state = self._request(req_context)
+        session: _Session | None = None
         for key, block in zip(keys, blocks, strict=True):
             if key in session_of:
                 self.remove(key)
-            session = state.session
-            if session is None or not session.alive:
-                session = self._session_for_insert(state, req_context)
-            stored_ghost = ghosts.pop(key, 0.0)
-            ghost = stored_ghost * scale  # _ghost_value, inlined
-            if ghost < threshold:
-                ghost = 0.0
-            evictable = block.ref_cnt == 0
+                session = None
+            if session is None:
+                session = state.session
+                if session is None or not session.alive:
+                    session = self._session_for_insert(state, req_context)
+                ghost_of, busy, fresh = session.keys, session.busy, state.fresh
             statuses[key] = block
             session_of[key] = session
-            ghost_of[key] = stored_ghost if ghost else 0.0
-            session.keys[key] = evictable
-            if ghost and state.fresh:
-                session.hits += ghost / norm  # a growing score needs no heap work
-            if evictable:
+            stored_ghost = ghosts.pop(key, 0.0)
+            ghost = stored_ghost * scale  # _ghost_value, inlined: 0 below the threshold
+            if ghost >= threshold and ghost:
+                ghost_of[key] = stored_ghost
+                if fresh:
+                    session.hits += ghost / norm  # a growing score needs no heap work
+            else:
+                ghost_of[key] = 0.0
+            if block.ref_cnt:
+                busy.add(key)
+            else:  # evictable at once
                 session.evictable += 1
                 self._num_evictable += 1
                 self._queue(session)
@@ -399,8 +405,10 @@ class SAECachePolicy(CachePolicy):
         session = self._session_of.pop(key, None)
         if session is None:
             return
-        del self._statuses[key], self._ghost_of[key]
-        if session.keys.pop(key):
+        del self._statuses[key], session.keys[key]
+        if key in session.busy:
+            session.busy.remove(key)
+        else:
             session.evictable -= 1
             self._num_evictable -= 1
         if not session.keys:
@@ -412,32 +420,35 @@ class SAECachePolicy(CachePolicy):
         state = self._request(req_context)
         self._time += 1
         now = self._time
-        session_of, ghost_of, statuses = self._session_of, self._ghost_of, self._statuses
+        session_of, statuses = self._session_of, self._statuses
         ghosts, scale = self._ghosts, self._scale
         hit_weight, miss_weight = self.ghost_hit_weight, self.ghost_miss_weight
         threshold, capacity = self.ghost_prune_threshold, self.ghost_capacity
         weights, last = _POSITION_WEIGHTS, len(_POSITION_WEIGHTS) - 1
         touched: dict[int, _Session] = {}
         position = state.position
+        size = len(ghosts)
         for key in keys:
             weight = weights[position if position < last else last]
             position += 1
-            session = session_of.get(key)
-            if session is None:
+            if key not in session_of:
+                # _remember_ghost, inlined (one at a time: a later key may be a dropped one)
                 if key in ghosts:
                     stored = ghosts.pop(key)
                     value = stored * scale  # _ghost_value, inlined: 0 below the threshold
                     if not (value >= threshold and value):
                         stored = 0.0
+                    ghosts[key] = stored + weight * miss_weight / scale
                 else:
-                    stored = 0.0
-                # _remember_ghost, inlined (one at a time: a later key may be a dropped one)
-                ghosts[key] = stored + weight * miss_weight / scale
-                if len(ghosts) > capacity:
+                    ghosts[key] = weight * miss_weight / scale  # (0.0 + it is it)
+                    size += 1
+                if size > capacity:
                     ghosts.popitem(False)
+                    size -= 1
                 continue
+            session = session_of[key]
             ready = statuses[key].ref_cnt >= 0
-            ghost_of[key] += weight * (hit_weight if ready else miss_weight) / scale
+            session.keys[key] += weight * (hit_weight if ready else miss_weight) / scale
             touched[session.sid] = session
             state.pointer = session
             state.resident += 1
@@ -455,56 +466,68 @@ class SAECachePolicy(CachePolicy):
         if n > self._num_evictable:
             return None
         popped: list[_Session] = []
-        chosen: list[OffloadKey] = []
-        while len(chosen) < n:
+        taken: list[tuple[_Session, list[OffloadKey]]] = []  # each session's victims, in order
+        need = n
+        while need:
             session = self._pop_worst()
             if session is None:
                 break
             popped.append(session)
+            blocks = session.keys
             left = session.evictable
-            if left == len(session.keys):  # all idle: its tail, unless a key is protected
-                tail = list(islice(reversed(session.keys), n - len(chosen)))
+            if left == len(blocks):  # all idle: its tail, unless a key is protected
+                tail = list(islice(reversed(blocks), need))
                 if not protected or protected_disjoint(protected, tail):
-                    chosen += tail
+                    taken.append((session, tail))
+                    need -= len(tail)
                     continue
-            for key, idle in reversed(session.keys.items()):
-                if not idle:
+            mine: list[OffloadKey] = []
+            busy = session.busy
+            for key in reversed(blocks):
+                if key in busy:
                     continue
                 left -= 1
                 if key not in protected:
-                    chosen.append(key)
-                    if len(chosen) == n:
+                    mine.append(key)
+                    if len(mine) == need:
                         break
                 if left == 0:
                     break
-        if len(chosen) < n:
+            if mine:
+                taken.append((session, mine))
+                need -= len(mine)
+        if need:
             for session in popped:
                 self._queue(session)
             return None
-        victims = self._evict_chosen(chosen)
+        victims = self._evict_chosen(taken)
+        self._num_evictable -= n
         for session in popped:
             if session.alive:
                 self._queue(session)
         return victims
 
-    def _evict_chosen(self, chosen: list[OffloadKey]) -> Victims:
-        """Drop the chosen (evictable) blocks, remembering their ghosts; the victims."""
-        session_of, ghost_of, pop_status = self._session_of, self._ghost_of, self._statuses.pop
-        ghosts = self._ghosts
+    def _evict_chosen(self, taken: list[tuple[_Session, list[OffloadKey]]]) -> Victims:
+        """Drop the chosen (evictable) blocks, remembering their ghosts; the victims.
+
+        ``taken`` holds each session with its chosen blocks, in order: a session's counters
+        change once for all of them (and a session left without blocks is dropped).
+        """
+        session_of, pop_status, ghosts = self._session_of, self._statuses.pop, self._ghosts
         remember = self.ghost_capacity > 0
         victims: Victims = []
         append = victims.append
-        for key in chosen:
-            session = session_of.pop(key)
-            del session.keys[key]
-            session.evictable -= 1
+        for session, keys in taken:
+            pop_ghost = session.keys.pop
+            for key in keys:
+                del session_of[key]
+                ghost = pop_ghost(key)
+                if ghost and remember:
+                    ghosts[key] = ghost  # _remember_ghost; victims are never in the table
+                append((key, pop_status(key)))
+            session.evictable -= len(keys)
             if not session.keys:
                 self._drop_session(session)
-            ghost = ghost_of.pop(key)
-            if ghost and remember:
-                ghosts[key] = ghost  # _remember_ghost; victims are never in the table
-            append((key, pop_status(key)))
-        self._num_evictable -= len(chosen)
         for _ in range(len(ghosts) - self.ghost_capacity):  # the table's bound, once at the end
             ghosts.popitem(False)
         return victims
@@ -513,7 +536,6 @@ class SAECachePolicy(CachePolicy):
         self._epoch += 1
         self._statuses.clear()
         self._session_of.clear()
-        self._ghost_of.clear()
         self._sessions.clear()
         self._named.clear()
         self._heap.clear()
@@ -526,9 +548,9 @@ class SAECachePolicy(CachePolicy):
 
     def mark_evictable(self, key: OffloadKey) -> None:
         session = self._session_of.get(key)
-        if session is None or session.keys[key]:
+        if session is None or key not in session.busy:
             return
-        session.keys[key] = True
+        session.busy.remove(key)
         session.evictable += 1
         self._num_evictable += 1
         self._queue(session)
@@ -538,12 +560,26 @@ class SAECachePolicy(CachePolicy):
             super().mark_evictable_many(keys)
             return
         session_of = self._session_of
+        if not keys:
+            return
+        # Usually all keys are busy blocks of one session (a store's, or a load's prefix): one
+        # set operation flips them all (the heap entry comes as at the first flip).
+        session = session_of.get(keys[0])
+        if session is not None and session.busy.issuperset(keys):
+            busy = session.busy
+            before = len(busy)
+            busy.difference_update(keys)
+            count = before - len(busy)  # a repeated key counts once
+            session.evictable += count
+            self._num_evictable += count
+            self._queue(session)
+            return
         count = 0
         for key in keys:
             session = session_of.get(key)
-            if session is None or session.keys[key]:
+            if session is None or key not in session.busy:
                 continue
-            session.keys[key] = True
+            session.busy.remove(key)
             session.evictable += 1
             count += 1
             if not session.in_heap:
@@ -552,9 +588,9 @@ class SAECachePolicy(CachePolicy):
 
     def mark_non_evictable(self, key: OffloadKey) -> None:
         session = self._session_of.get(key)
-        if session is None or not session.keys[key]:
+        if session is None or key in session.busy:
             return
-        session.keys[key] = False
+        session.busy.add(key)
         session.evictable -= 1
         self._num_evictable -= 1
 
