@@ -258,3 +258,120 @@ def test_beats_lru_on_generated_workloads(setting: dict[str, Any]) -> None:
         ours = replay(trace, capacity, "kvaware").prefix_hit_ratio
         lru = replay(trace, capacity, "lru").prefix_hit_ratio
         assert ours > lru * 1.05, (setting, percent, ours, lru)
+
+
+# ------------------------------------------------------------------ evict's shortcuts
+def _reference_victims(
+    policy: KVAwareCachePolicy, n: int, protected: set[OffloadKey]
+) -> list[OffloadKey] | None:
+    """Evict's rule spelled out one candidate at a time, without its batches and shortcuts:
+    the best class's head goes, then its next candidates while they stay idle long enough to
+    score at or below the runner-up's."""
+    import heapq
+    import math
+
+    now, horizon, blocks = policy._now, policy._horizon(), policy._blocks
+    params: dict[int, tuple[float, float, float]] = {}
+
+    def score(cls: int, key: OffloadKey) -> float:
+        p, inv_gap, within = params[cls]
+        if inv_gap == 0.0:
+            return p
+        idle = now - blocks[key][3]
+        survive = math.exp(-idle * inv_gap) if idle > 0.0 else 1.0
+        return p * survive * within / (1.0 - p + p * survive)
+
+    iterators = {}
+    heap = []
+    for cls, order in enumerate(policy._orders):
+        iterator = iter(order)
+        head = next((key for key in iterator if key not in protected), None)
+        if head is None:
+            continue
+        reuses, gap_sum = policy._reuses[cls], policy._gap_sums[cls]
+        p = min(reuses / policy._entries[cls], 0.999)
+        if reuses <= 0.0 or horizon <= 0.0 or gap_sum <= 0.0:
+            params[cls] = (p, 0.0, 1.0)
+        else:
+            params[cls] = (p, reuses / gap_sum, -math.expm1(-horizon * reuses / gap_sum))
+        iterators[cls] = iterator
+        heap.append((score(cls, head), cls, head))
+    heapq.heapify(heap)
+    chosen: list[OffloadKey] = []
+    while len(chosen) < n:
+        if not heap:
+            return None
+        _, best, head = heap[0]
+        runner_up = min(heap[1:3])[0] if len(heap) > 1 else math.inf
+        min_idle = policy._idle_at_or_below(params[best], runner_up)
+        chosen.append(head)
+        for key in iterators[best]:
+            if key in protected:
+                continue
+            if len(chosen) == n or now - blocks[key][3] < min_idle:
+                heapq.heapreplace(heap, (score(best, key), best, key))
+                break
+            chosen.append(key)
+        else:
+            heapq.heappop(heap)
+    return chosen
+
+
+@pytest.mark.parametrize("seed", range(8))
+@pytest.mark.parametrize("params", [{}, {"ghost_factor": 0.5}, {"ghost_factor": 0.0}])
+def test_evict_chooses_and_forgets_as_one_candidate_at_a_time(
+    seed: int, params: dict[str, Any]
+) -> None:
+    """Evictions with protected keys anywhere in the orders, pinned blocks, several classes
+    and timestamps: the victims are the rule's, and they leave the block table and the orders
+    for the ghost table, in that order."""
+    import random
+
+    rng = random.Random(seed)
+    capacity = rng.choice((12, 40))
+    policy = KVAwareCachePolicy(capacity, **params)
+    universe = [make_offload_key(i.to_bytes(8, "big"), 0) for i in range(capacity * 4)]
+    pinned: set[OffloadKey] = set()
+    stamp = 0.0
+    for step in range(150):
+        stamp += rng.choice((0.0, 0.5, 2.0))
+        keys = rng.sample(universe, rng.randint(1, capacity // 2))
+        ctx = ReqContext(req_id=str(step), timestamp=stamp if rng.random() < 0.7 else None)
+        policy.touch(keys, ctx)
+        for key in rng.sample(sorted(pinned), len(pinned) // 2):
+            pinned.discard(key)
+            policy.mark_evictable(key)
+        stored = sorted(policy.block_table)
+        for key in rng.sample(stored, min(len(stored), rng.randint(0, 2))):
+            pinned.add(key)
+            policy.mark_non_evictable(key)
+        protected = set(rng.sample(stored, min(len(stored), rng.randint(0, 6)))) | set(keys)
+        new = [key for key in keys if policy.get(key) is None]
+        n = max(len(policy.block_table) + len(new) - capacity, rng.randint(0, 3))
+        expected = _reference_victims(policy, n, protected)
+        orders = [list(order) for order in policy._orders]
+        metas = dict(policy._blocks)
+        ghosts = list(policy._ghosts.items())
+        victims = policy.evict(n, protected)
+        if expected is None:
+            assert victims is None
+            assert [list(order) for order in policy._orders] == orders
+            assert list(policy._ghosts.items()) == ghosts
+            continue
+        assert victims is not None
+        assert [key for key, _ in victims] == expected, step
+        gone = set(expected)
+        assert [list(order) for order in policy._orders] == [
+            [key for key in order if key not in gone] for order in orders
+        ]
+        assert gone.isdisjoint(policy.block_table)
+        assert gone.isdisjoint(policy._blocks)
+        ghosts += [(key, metas[key]) for key in expected]
+        assert list(policy._ghosts.items()) == ghosts[max(0, len(ghosts) - policy.ghost_capacity) :]
+        statuses = [BlockStatus(i, -1) for i in range(len(new))]
+        policy.insert_many(new, statuses, ctx)
+        for status in statuses:
+            status.ref_cnt = 0
+        policy.mark_evictable_many(list(reversed(new)))
+        ctx.output_tokens = rng.choice((None, 4, 60, 400))
+        policy.on_request_finished(ctx)

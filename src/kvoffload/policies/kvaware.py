@@ -37,7 +37,7 @@ import heapq
 import math
 from collections import OrderedDict
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
-from itertools import compress, islice, repeat
+from itertools import chain, compress, islice, repeat
 from itertools import count as count_from
 from typing import Final
 
@@ -69,9 +69,11 @@ _Meta = tuple[int, int, int, float]
 _CLS: Final = 0
 _LAST_USE: Final = 3
 _NEW_CLASS = _class_of(0, _UNKNOWN_OUTPUT)
-# The class of a block that came back, by its uses (_class_of; the last entry holds from there).
+# A block's class by its uses, less its output bucket (_class_of; the last holds from there),
+# and the class of a block that came back (its output is not known yet).
 _SATURATED = 1 << (_COUNT_BUCKETS - 1)
-_RETURNED_CLASS = tuple(_class_of(uses, _UNKNOWN_OUTPUT) for uses in range(_SATURATED + 1))
+_USES_CLASS = tuple(_class_of(uses, 0) for uses in range(_SATURATED + 1))
+_RETURNED_CLASS = tuple(cls + _UNKNOWN_OUTPUT for cls in _USES_CLASS)
 _EXACT = 1 << 53  # floats represent every integer up to here
 
 
@@ -85,13 +87,10 @@ def _adds_exactly(total: float, count: int) -> bool:
     return total >= 0.0 and n + count * d <= _EXACT
 
 
-class _RequestKeys:
+class _RequestKeys(list[OffloadKey]):
     """The keys one request used or stored, kept in its ReqContext until it finishes."""
 
-    __slots__ = ("keys",)
-
-    def __init__(self) -> None:
-        self.keys: list[OffloadKey] = []
+    __slots__ = ()  # a list itself: one object per request
 
 
 class KVAwareCachePolicy(CachePolicy):
@@ -230,7 +229,7 @@ class KVAwareCachePolicy(CachePolicy):
         if state is None:
             state = _RequestKeys()
             ctx.set_state(state)
-        state.keys.extend(keys)
+        state.extend(keys)
 
     # ------------------------------------------------------------ contract
     def get(self, key: OffloadKey) -> BlockStatus | None:
@@ -441,8 +440,7 @@ class KVAwareCachePolicy(CachePolicy):
         now = self._advance(req_context, len(stored))
         used: list[OffloadKey] = []
         reuses, gap_sums = self._reuses, self._gap_sums
-        width = len(_OUTPUT_NAMES)
-        top = _COUNT_BUCKETS - 1
+        top = _USES_CLASS[_SATURATED]
         for key in reversed(stored):  # tail first, so the head ends most recent
             cls, uses, bucket, last_use = blocks[key]
             if statuses[key].ref_cnt >= 0:  # a use: a success for its class, a new trial after
@@ -450,18 +448,19 @@ class KVAwareCachePolicy(CachePolicy):
                 gap = now - last_use
                 gap_sums[cls] += gap if gap > 0.0 else 0.0
                 uses += 1
-                new = min(uses.bit_length(), top) * width + bucket  # _class_of, inline
+                new = (_USES_CLASS[uses] if uses < _SATURATED else top) + bucket  # _class_of
                 entries[new] += 1.0
-                self._since_decay += 1
-                if new != cls:
+                used.append(key)
+                if new != cls:  # into the new class's order, appended last: no move to make
                     if orders[cls].pop(key, 0) is None:
                         orders[new][key] = None
-                    cls = new
-                used.append(key)
+                    blocks[key] = (new, uses, bucket, now)
+                    continue
             order = orders[cls]
             if key in order:
                 order.move_to_end(key)
             blocks[key] = (cls, uses, bucket, now)
+        self._since_decay += len(used)
         if self._since_decay >= self.decay_window:
             self._decay()
         self._remember(req_context, used)
@@ -470,10 +469,12 @@ class KVAwareCachePolicy(CachePolicy):
         state = req_context.get_state(_RequestKeys)
         if state is None:
             return
-        keys, state.keys = state.keys, []
         bucket = self._output_bucket(req_context)
         if bucket == _UNKNOWN_OUTPUT:
+            state.clear()
             return
+        keys = state.copy()
+        state.clear()
         blocks, orders = self._blocks, self._orders
         entries, reuses = self._entries, self._reuses
         moved = 0
@@ -505,34 +506,36 @@ class KVAwareCachePolicy(CachePolicy):
         blocks = self._blocks
         now = self._now
         horizon = self._horizon()
-        # Each non-empty class's iterator and its first unprotected key (the candidate).
+        exp, expm1 = math.exp, math.expm1
+        entries, reuses_of, gap_sums = self._entries, self._reuses, self._gap_sums
+        # Per candidate class: its order's iterator, past its first unprotected key (the
+        # candidate); its score parameters: its reuse odds p, 1 / mean gap (0: no gap model)
+        # and P(gap < H); and (score, class, candidate) on the heap, scored as score() does.
         iterators: dict[int, Iterator[OffloadKey]] = {}
-        heads: dict[int, OffloadKey] = {}
+        params: dict[int, tuple[float, float, float]] = {}
+        heap: list[tuple[float, int, OffloadKey]] = []
         for cls in compress(range(_NUM_CLASSES), orders):  # the non-empty ones
             iterator = iter(orders[cls])
             for head in iterator:
                 if head not in protected:
-                    iterators[cls], heads[cls] = iterator, head
                     break
-        exp, expm1 = math.exp, math.expm1
-        # Each candidate class's score parameters: its reuse odds p, 1 / mean gap (0: no gap
-        # model) and P(gap < H); and its head's score (as score() below computes it).
-        params: dict[int, tuple[float, float, float]] = {}
-        heap: list[tuple[float, int]] = []
-        entries, reuses_of, gap_sums = self._entries, self._reuses, self._gap_sums
-        for cls, key in heads.items():
+            else:  # all of it protected
+                continue
+            iterators[cls] = iterator
             reuses, gap_sum = reuses_of[cls], gap_sums[cls]
-            p = min(reuses / entries[cls], 0.999)
+            p = reuses / entries[cls]
+            if p > 0.999:  # min(p, 0.999) without the call
+                p = 0.999
             if reuses <= 0.0 or horizon <= 0.0 or gap_sum <= 0.0:
                 params[cls] = (p, 0.0, 1.0)
-                heap.append((p, cls))
+                heap.append((p, cls, head))
                 continue
             inv_gap = reuses / gap_sum
             within = -expm1(-horizon * inv_gap)
             params[cls] = (p, inv_gap, within)
-            idle = now - blocks[key][_LAST_USE]
+            idle = now - blocks[head][_LAST_USE]
             survive = exp(-idle * inv_gap) if idle > 0.0 else 1.0
-            heap.append((p * survive * within / (1.0 - p + p * survive), cls))
+            heap.append((p * survive * within / (1.0 - p + p * survive), cls, head))
 
         def score(cls: int, key: OffloadKey) -> float:
             p, inv_gap, within = params[cls]
@@ -542,19 +545,19 @@ class KVAwareCachePolicy(CachePolicy):
             survive = exp(-idle * inv_gap) if idle > 0.0 else 1.0
             return p * survive * within / (1.0 - p + p * survive)
 
-        # (score, class) of every class's oldest candidate; ties go to the lower class index.
+        # Classes are distinct, so the heap orders by score, ties to the lower class index.
         heapq.heapify(heap)
         chosen: list[OffloadKey] = []
         while len(chosen) < n:
             if not heap:
                 return None
-            best = heap[0][1]
+            _, best, head = heap[0]
             # The best class's later candidates are newer, so their scores only grow: take
             # them while they stay at or below the runner-up's score, found by idle time alone.
             runner_up = min(heap[1:3])[0] if len(heap) > 1 else math.inf
             min_idle = self._idle_at_or_below(params[best], runner_up)
+            chosen.append(head)
             iterator = iterators[best]
-            chosen.append(heads[best])
             if min_idle == -math.inf:  # the whole class scores below: no idle times to read
                 need = n - len(chosen)
                 if need:
@@ -574,20 +577,34 @@ class KVAwareCachePolicy(CachePolicy):
                         else:  # the class ran out
                             heapq.heappop(heap)
                 continue
+            # Take candidates up to the first one idle for less than min_idle (the class's next
+            # candidate), as if none were protected: they seldom are, checked after at once.
+            start = len(chosen)
             candidate: OffloadKey | None = None
-            for candidate in iterator:
-                if candidate in protected:
-                    continue
-                if len(chosen) == n or now - blocks[candidate][_LAST_USE] < min_idle:
+            for candidate in islice(iterator, n - start):
+                if now - blocks[candidate][_LAST_USE] < min_idle:
                     break
                 chosen.append(candidate)
-            else:  # the class ran out
+            else:  # taken all it could (chosen is full) or the class ran out
                 candidate = None
+            if protected:
+                scanned = chosen[start:] if candidate is None else [*chosen[start:], candidate]
+                if not protected_disjoint(protected, scanned):  # again, stepping over those
+                    del chosen[start:]
+                    iterator = iterators[best] = chain(scanned, iterator)
+                    for candidate in iterator:
+                        if candidate in protected:
+                            continue
+                        if len(chosen) == n or now - blocks[candidate][_LAST_USE] < min_idle:
+                            break
+                        chosen.append(candidate)
+                    else:  # the class ran out
+                        candidate = None
             if candidate is None:
-                heapq.heappop(heap)
+                if len(chosen) < n:  # the class ran out
+                    heapq.heappop(heap)
             else:
-                heads[best] = candidate
-                heapq.heapreplace(heap, (score(best, candidate), best))
+                heapq.heapreplace(heap, (score(best, candidate), best, candidate))
         victims = list(zip(chosen, map(self._statuses.pop, chosen), strict=True))
         pop = blocks.pop
         if self.ghost_capacity > 0:
