@@ -179,6 +179,28 @@ def _learning_state(policy: KVAwareCachePolicy) -> tuple[Any, ...]:
     )
 
 
+def _store_and_finish(
+    policy: KVAwareCachePolicy,
+    new: list[OffloadKey],
+    ctx: ReqContext,
+    rng: Any,
+    ready_share: float,
+) -> None:
+    """Store ``new`` as the manager does (about a ``ready_share`` of them ready at once, the
+    rest pending until completed tail first), then finish the request with a random output."""
+    if new:
+        statuses = [
+            BlockStatus(i, 0 if ready_share and rng.random() < ready_share else -1)
+            for i in range(len(new))
+        ]
+        policy.insert_many(new, statuses, ctx)
+        for status in statuses:
+            status.ref_cnt = 0
+        policy.mark_evictable_many(list(reversed(new)))
+    ctx.output_tokens = rng.choice((None, 4, 60, 400))
+    policy.on_request_finished(ctx)
+
+
 def _drive_requests(
     policy: KVAwareCachePolicy, seed: int, start: dict[str, float]
 ) -> list[tuple[Any, ...]]:
@@ -209,14 +231,7 @@ def _drive_requests(
         trace.append(tuple(key for key, _ in victims or ()))
         if victims is None:
             new = []
-        if new:
-            statuses = [BlockStatus(i, 0 if rng.random() < 0.1 else -1) for i in range(len(new))]
-            policy.insert_many(new, statuses, ctx)
-            for status in statuses:
-                status.ref_cnt = 0
-            policy.mark_evictable_many(list(reversed(new)))
-        ctx.output_tokens = rng.choice((None, 4, 60, 400))
-        policy.on_request_finished(ctx)
+        _store_and_finish(policy, new, ctx, rng, ready_share=0.1)
         trace.append(_learning_state(policy))
     return trace
 
@@ -368,10 +383,4 @@ def test_evict_chooses_and_forgets_as_one_candidate_at_a_time(
         assert gone.isdisjoint(policy._blocks)
         ghosts += [(key, metas[key]) for key in expected]
         assert list(policy._ghosts.items()) == ghosts[max(0, len(ghosts) - policy.ghost_capacity) :]
-        statuses = [BlockStatus(i, -1) for i in range(len(new))]
-        policy.insert_many(new, statuses, ctx)
-        for status in statuses:
-            status.ref_cnt = 0
-        policy.mark_evictable_many(list(reversed(new)))
-        ctx.output_tokens = rng.choice((None, 4, 60, 400))
-        policy.on_request_finished(ctx)
+        _store_and_finish(policy, new, ctx, rng, ready_share=0.0)
