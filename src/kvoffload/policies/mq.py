@@ -31,7 +31,7 @@ from kvoffload.context import ReqContext
 from kvoffload.keys import OffloadKey
 from kvoffload.policies.base import BlockStatus, CachePolicy, Victims
 from kvoffload.policies.params import check_int, check_number
-from kvoffload.policies.victims import protected_disjoint
+from kvoffload.policies.victims import first_unprotected, protected_disjoint
 
 _NEVER = float("inf")
 
@@ -280,17 +280,10 @@ class MQCachePolicy(CachePolicy):
         else:
             return None
         if protected and not protected_disjoint(protected, chosen):
-            chosen = []
-            for order in queues:
-                for key in order:
-                    if key not in protected:
-                        chosen.append(key)
-                        if len(chosen) == n:
-                            break
-                if len(chosen) == n:
-                    break
-            else:
+            found = first_unprotected(queues, n, protected)
+            if found is None:
                 return None
+            chosen = found
             by_queue: dict[int, list[OffloadKey]] = {}
             queue_of = self._queue
             for key in chosen:

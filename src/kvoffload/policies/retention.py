@@ -36,7 +36,7 @@ from itertools import islice
 from kvoffload.context import ReqContext
 from kvoffload.keys import OffloadKey
 from kvoffload.policies.base import BlockStatus, CachePolicy, Victims
-from kvoffload.policies.victims import protected_disjoint, ref_count
+from kvoffload.policies.victims import first_unprotected, protected_disjoint, ref_count
 
 MIN_PRIORITY = 0
 MAX_PRIORITY = 100
@@ -348,17 +348,10 @@ class RetentionCachePolicy(CachePolicy):
                     for key in chosen:
                         self._deadline.pop(key, None)
                 return list(zip(chosen, map(self._statuses.pop, chosen), strict=True))
-        chosen = []
-        for order in self._eviction_orders():
-            for key in order:
-                if key not in protected:
-                    chosen.append(key)
-                    if len(chosen) == n:
-                        break
-            if len(chosen) == n:
-                break
-        else:
+        found = first_unprotected(self._eviction_orders(), n, protected)
+        if found is None:
             return None
+        chosen = found
         victims = []
         for key in chosen:
             self._unlist(key)

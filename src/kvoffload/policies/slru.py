@@ -35,6 +35,7 @@ from kvoffload.context import ReqContext
 from kvoffload.keys import OffloadKey
 from kvoffload.policies.base import BlockStatus, CachePolicy, Victims
 from kvoffload.policies.params import check_int, check_number
+from kvoffload.policies.victims import first_unprotected
 
 
 def segment_limits(capacity: int, num_segments: int, protected_ratio: float) -> list[int]:
@@ -137,16 +138,8 @@ class SLRUCachePolicy(CachePolicy):
     def evict(self, n: int, protected: Collection[OffloadKey]) -> Victims | None:
         if n <= 0:
             return []
-        chosen: list[OffloadKey] = []
-        for order in self._orders:
-            for key in order:
-                if key not in protected:
-                    chosen.append(key)
-                    if len(chosen) == n:
-                        break
-            if len(chosen) == n:
-                break
-        else:
+        chosen = first_unprotected(self._orders, n, protected)
+        if chosen is None:
             return None
         victims: Victims = []
         for key in chosen:

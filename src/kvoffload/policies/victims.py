@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterator
+from collections.abc import Collection, Iterable, Iterator
+from itertools import chain, filterfalse, islice
 from operator import attrgetter
 
 from kvoffload.keys import OffloadKey
@@ -29,4 +30,14 @@ def next_unprotected(
     return None
 
 
-__all__ = ["next_unprotected", "protected_disjoint", "ref_count"]
+def first_unprotected(
+    orders: Iterable[Iterable[OffloadKey]], n: int, protected: Collection[OffloadKey]
+) -> list[OffloadKey] | None:
+    """The first ``n`` keys that are not protected, through ``orders`` one after the other
+    (each in eviction order), or ``None`` when there are fewer."""
+    keys = chain.from_iterable(orders)
+    chosen = list(islice(filterfalse(protected.__contains__, keys), n))
+    return chosen if len(chosen) == n else None
+
+
+__all__ = ["first_unprotected", "next_unprotected", "protected_disjoint", "ref_count"]

@@ -1,0 +1,30 @@
+"""The victim helpers the policies share."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from kvoffload.policies.victims import first_unprotected, next_unprotected, protected_disjoint
+
+
+def test_first_unprotected_walks_the_orders_in_turn_and_skips_protected_keys() -> None:
+    orders = [OrderedDict.fromkeys([b"a", b"b"]), OrderedDict(), OrderedDict.fromkeys([b"c", b"d"])]
+    assert first_unprotected(orders, 3, {b"b"}) == [b"a", b"c", b"d"]
+    assert first_unprotected(orders, 2, []) == [b"a", b"b"]
+    assert first_unprotected(orders, 1, (b"a", b"b")) == [b"c"]  # any collection protects
+    assert first_unprotected(orders, 0, set()) == []
+
+
+def test_first_unprotected_is_none_when_too_few_are_free() -> None:
+    orders = [[b"a", b"b"], [b"c"]]
+    assert first_unprotected(orders, 3, {b"c"}) is None
+    assert first_unprotected(orders, 4, set()) is None
+    assert first_unprotected([], 1, set()) is None
+
+
+def test_next_unprotected_and_protected_disjoint() -> None:
+    it = iter([b"a", b"b", b"c"])
+    assert next_unprotected(it, {b"a"}) == b"b"
+    assert next_unprotected(it, {b"c"}) is None
+    assert protected_disjoint({b"x"}, [b"a", b"b"])
+    assert not protected_disjoint([b"b"], [b"a", b"b"])
