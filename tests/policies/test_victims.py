@@ -4,7 +4,12 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from kvoffload.policies.victims import first_unprotected, next_unprotected, protected_disjoint
+from kvoffload.policies.victims import (
+    append_absent,
+    first_unprotected,
+    next_unprotected,
+    protected_disjoint,
+)
 
 
 def test_first_unprotected_walks_the_orders_in_turn_and_skips_protected_keys() -> None:
@@ -28,3 +33,11 @@ def test_next_unprotected_and_protected_disjoint() -> None:
     assert next_unprotected(it, {b"c"}) is None
     assert protected_disjoint({b"x"}, [b"a", b"b"])
     assert not protected_disjoint([b"b"], [b"a", b"b"])
+
+
+def test_append_absent_keeps_order_and_lets_a_repeated_key_land_at_its_last_mark() -> None:
+    order = OrderedDict.fromkeys([b"x"])
+    append_absent(order, [b"a", b"b"])
+    assert list(order) == [b"x", b"a", b"b"]
+    append_absent(order, [b"c", b"d", b"c", b"e"])
+    assert list(order) == [b"x", b"a", b"b", b"d", b"c", b"e"]

@@ -27,7 +27,12 @@ from itertools import islice
 from kvoffload.context import ReqContext
 from kvoffload.keys import OffloadKey
 from kvoffload.policies.base import BlockStatus, CachePolicy, Victims
-from kvoffload.policies.victims import next_unprotected, protected_disjoint, ref_count
+from kvoffload.policies.victims import (
+    append_absent,
+    next_unprotected,
+    protected_disjoint,
+    ref_count,
+)
 
 
 class ARCCachePolicy(CachePolicy):
@@ -277,12 +282,7 @@ class ARCCachePolicy(CachePolicy):
             and t1_order.keys().isdisjoint(keys)
             and all(map(blocks.__contains__, keys))
         ):
-            before = len(t1_order)
-            for key in keys:  # the usual case: fresh T1 blocks land at the end, no moves
-                t1_order[key] = None
-            if len(t1_order) - before < len(keys):  # a key given twice: its last mark counts
-                for key in keys:
-                    t1_order.move_to_end(key)
+            append_absent(t1_order, keys)  # the usual case: fresh T1 blocks land at the end
             return
         for key in keys:
             if key in blocks:

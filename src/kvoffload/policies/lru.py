@@ -15,7 +15,7 @@ from itertools import islice
 from kvoffload.context import ReqContext
 from kvoffload.keys import OffloadKey
 from kvoffload.policies.base import BlockStatus, CachePolicy, Victims
-from kvoffload.policies.victims import protected_disjoint, ref_count
+from kvoffload.policies.victims import append_absent, protected_disjoint, ref_count
 
 
 class LRUCachePolicy(CachePolicy):
@@ -75,12 +75,7 @@ class LRUCachePolicy(CachePolicy):
             self.mark_evictable(keys[0])
             return
         if evictable.keys().isdisjoint(keys) and all(map(blocks.__contains__, keys)):
-            before = len(evictable)
-            for key in keys:  # the usual case: new entries land at the end, no moves needed
-                evictable[key] = None  # (faster than OrderedDict.update)
-            if len(evictable) - before < len(keys):  # a key given twice: its last mark counts
-                for key in keys:
-                    evictable.move_to_end(key)
+            append_absent(evictable, keys)  # the usual case: new entries land at the end
             return
         for key in keys:
             if key in blocks:

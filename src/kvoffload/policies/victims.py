@@ -1,8 +1,10 @@
-"""Small helpers the policies share when they pick victims or read block states in bulk."""
+"""Small helpers the policies share when they pick victims, keep eviction orders or read block
+states in bulk."""
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Iterator
+from collections import OrderedDict
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from itertools import chain, filterfalse, islice
 from operator import attrgetter
 
@@ -40,4 +42,24 @@ def first_unprotected(
     return chosen if len(chosen) == n else None
 
 
-__all__ = ["first_unprotected", "next_unprotected", "protected_disjoint", "ref_count"]
+def append_absent(order: OrderedDict[OffloadKey, None], keys: Sequence[OffloadKey]) -> None:
+    """Append ``keys``, none of them in ``order`` yet, at its most recent end, in order.
+
+    A key given twice ends where its last occurrence puts it, as marking each key in turn
+    (append or move to the end) would.
+    """
+    before = len(order)
+    for key in keys:  # faster than OrderedDict.update
+        order[key] = None
+    if len(order) - before < len(keys):
+        for key in keys:
+            order.move_to_end(key)
+
+
+__all__ = [
+    "append_absent",
+    "first_unprotected",
+    "next_unprotected",
+    "protected_disjoint",
+    "ref_count",
+]
