@@ -1,0 +1,246 @@
+"""The ``Tier`` contract: an asynchronous store of KV blocks behind the CPU tier.
+
+Why this shape (``reference/tiering.md`` §7.1, and the peers' holes it avoids):
+
+* The CPU tier is the gateway. A secondary tier never touches device memory: it copies whole
+  host slots (:class:`SlotMemory`) to its medium and back, so one record is one slot.
+* Nothing blocks the scheduler. ``contains`` answers from memory (an index, or a bounded
+  verdict cache); work is *submitted* as batched jobs and *polled*; ``drain`` has a deadline.
+* Every job comes back from ``poll`` exactly once, with a per-key verdict: a failed key is a
+  miss for the caller, never a retry loop (vLLM #49176), and a job's ``generation`` is echoed
+  so completions from before a ``reset`` are recognised and ignored.
+* A persistent or shared tier checks every record on read; torn, corrupt or foreign bytes are
+  a failed key, never data (LMCache #1175, SGLang #27619).
+
+The contract is standard-library only, so engines and the simulator can use it without torch.
+"""
+
+from __future__ import annotations
+
+import enum
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+from kvoffload.keys import OffloadKey
+
+
+class Medium(str, enum.Enum):
+    """Where a tier keeps its bytes (also its label in stats and metrics)."""
+
+    CPU = "cpu"
+    DISK = "disk"
+    REMOTE = "remote"
+
+
+class Presence(enum.Enum):
+    """A tier's answer for one key in :meth:`Tier.contains`."""
+
+    HIT = "hit"  # stored and readable now
+    MISS = "miss"  # not stored (or not readable)
+    UNKNOWN = "unknown"  # a remote check is in flight; asking again later resolves it
+    # (a tier turns UNKNOWN into MISS once its lookup deadline passes, so callers never loop)
+
+
+class JobKind(str, enum.Enum):
+    PUT = "put"
+    GET = "get"
+    DELETE = "delete"
+
+
+@dataclass(frozen=True)
+class TierCapabilities:
+    """What a tier declares about itself, so a manager can plan without special cases.
+
+    Args:
+        medium: where the bytes live.
+        shared: other writers (other engine instances) may add or remove records.
+        persistent: records survive a restart of this process (``scan`` rebuilds the index).
+        max_batch: most keys one job may carry (0: no limit).
+        max_value_bytes: largest record the tier accepts (0: no limit).
+        supports_delete: ``submit_delete`` removes records (otherwise it reports failure).
+        supports_ttl: records expire on their own (remote stores).
+    """
+
+    medium: Medium
+    shared: bool = False
+    persistent: bool = False
+    max_batch: int = 0
+    max_value_bytes: int = 0
+    supports_delete: bool = True
+    supports_ttl: bool = False
+
+
+@runtime_checkable
+class SlotMemory(Protocol):
+    """Host slots a tier reads from (puts) and writes into (gets): fixed-size byte regions.
+
+    The CPU tier's ``HostBuffer`` provides one; :class:`BytearraySlotMemory` is a pure-Python
+    one for tests and simulations. ``slot_view`` must return a writable, C-contiguous
+    ``memoryview`` of exactly ``slot_bytes`` bytes, valid while the memory is alive.
+    """
+
+    @property
+    def slot_bytes(self) -> int: ...
+
+    @property
+    def num_slots(self) -> int: ...
+
+    def slot_view(self, slot: int) -> memoryview: ...
+
+
+class BytearraySlotMemory:
+    """``num_slots`` slots of ``slot_bytes`` bytes in one ``bytearray`` (no torch needed)."""
+
+    def __init__(self, slot_bytes: int, num_slots: int) -> None:
+        for name, value in (("slot_bytes", slot_bytes), ("num_slots", num_slots)):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+            if value <= 0:
+                raise ValueError(f"{name} must be >= 1, got {value}")
+        self._slot_bytes = slot_bytes
+        self._num_slots = num_slots
+        self.buffer = bytearray(slot_bytes * num_slots)
+        self._view = memoryview(self.buffer)
+
+    @property
+    def slot_bytes(self) -> int:
+        return self._slot_bytes
+
+    @property
+    def num_slots(self) -> int:
+        return self._num_slots
+
+    def slot_view(self, slot: int) -> memoryview:
+        if not 0 <= slot < self._num_slots:
+            raise ValueError(f"slot must be in [0, {self._num_slots}), got {slot}")
+        start = slot * self._slot_bytes
+        return self._view[start : start + self._slot_bytes]
+
+
+@dataclass(frozen=True)
+class TierJob:
+    """One submitted batch: ``keys`` co-indexed with host ``slots`` (empty for deletes)."""
+
+    job_id: int
+    kind: JobKind
+    keys: tuple[OffloadKey, ...]
+    slots: tuple[int, ...]
+    generation: int
+
+
+@dataclass(frozen=True)
+class TierResult:
+    """How one job ended, reported once by :meth:`Tier.poll`.
+
+    ``ok[i]`` is the verdict for ``keys[i]``: for a put, the record is durable to the tier's
+    declared level and readable; for a get, the slot holds the verified bytes; for a delete,
+    the record is gone. ``reasons`` maps the index of each failed key to a short reason
+    (``"missing"``, ``"corrupt"``, ``"io_error"``, ``"no_space"``, ``"too_large"``,
+    ``"cancelled"``, ``"exists"``, ...). ``evicted`` lists records the tier dropped to make room
+    for this put. ``nbytes`` / ``seconds`` are the payload bytes moved and the job's wall time.
+    """
+
+    job_id: int
+    kind: JobKind
+    keys: tuple[OffloadKey, ...]
+    ok: tuple[bool, ...]
+    generation: int
+    nbytes: int = 0
+    seconds: float = 0.0
+    reasons: Mapping[int, str] = field(default_factory=dict)
+    evicted: tuple[OffloadKey, ...] = ()
+
+    @property
+    def all_ok(self) -> bool:
+        return all(self.ok)
+
+
+@dataclass(frozen=True)
+class TierHealth:
+    """``ok`` is False when the tier cannot currently serve (``reason`` says why)."""
+
+    ok: bool
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class ScannedBlock:
+    """One record found by :meth:`Tier.scan` (a restart's index rebuild)."""
+
+    key: OffloadKey
+    nbytes: int
+    mtime: float
+
+
+class Tier(ABC):
+    """An asynchronous, batched, byte-bounded store of host slots.
+
+    A tier owns its index, its byte budget and its eviction policy (any policy of the
+    registry); it never evicts a record that a job in flight reads or writes. All methods but
+    :meth:`drain` and :meth:`close` return without waiting on I/O.
+    """
+
+    #: Registry name (``"disk"``, ``"redis"``, ...), also the ``tier`` label in metrics.
+    name: str = "tier"
+
+    def __init__(self, memory: SlotMemory) -> None:
+        if not isinstance(memory, SlotMemory):
+            raise TypeError(
+                "memory must provide slot_bytes, num_slots and slot_view(slot) "
+                f"(a SlotMemory), got {type(memory).__name__}"
+            )
+        self.memory = memory
+
+    @property
+    @abstractmethod
+    def capabilities(self) -> TierCapabilities:
+        """What this tier declares (see :class:`TierCapabilities`)."""
+
+    @abstractmethod
+    def contains(self, keys: Sequence[OffloadKey]) -> list[Presence]:
+        """Each key's presence, from memory only (never waits on the medium)."""
+
+    @abstractmethod
+    def submit_put(
+        self, keys: Sequence[OffloadKey], slots: Sequence[int], generation: int = 0
+    ) -> int:
+        """Write the bytes of host ``slots`` as the records of ``keys``; returns the job id.
+
+        The slots must stay unchanged until the job is polled. A key already stored is a
+        success without a write (records are immutable: a key names its content).
+        """
+
+    @abstractmethod
+    def submit_get(
+        self, keys: Sequence[OffloadKey], slots: Sequence[int], generation: int = 0
+    ) -> int:
+        """Read the records of ``keys`` into host ``slots``, verified; returns the job id."""
+
+    @abstractmethod
+    def submit_delete(self, keys: Sequence[OffloadKey], generation: int = 0) -> int:
+        """Remove the records of ``keys``; returns the job id."""
+
+    @abstractmethod
+    def poll(self) -> list[TierResult]:
+        """Every job that finished since the last call, each exactly once."""
+
+    @abstractmethod
+    def drain(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for every submitted job; True when none is left."""
+
+    def health(self) -> TierHealth:
+        """Whether the tier can serve now (a manager's circuit breaker also watches results)."""
+        return TierHealth(ok=True)
+
+    def stats(self) -> dict[str, float]:
+        """Counters and gauges (``used_bytes``, ``capacity_bytes``, ``corrupt_records``, ...)."""
+        return {}
+
+    def scan(self) -> Iterator[ScannedBlock]:
+        """The records present on the medium (empty for a tier that keeps nothing)."""
+        return iter(())
+
+    def close(self) -> None:  # noqa: B027
+        """Release files, connections and threads; jobs still in flight are cancelled."""
