@@ -209,7 +209,11 @@ class _TierState:
         self.policy = WritePolicy(spec.write_policy)
         self.admission: AdmissionFilter | None = None
         if self.policy is WritePolicy.SELECTIVE:
-            self.admission = spec.admission or StoreAfterNOffers(max(spec.store_threshold, 1))
+            self.admission = (  # not `or`: an empty offer table has len() 0
+                spec.admission
+                if spec.admission is not None
+                else StoreAfterNOffers(max(spec.store_threshold, 1))
+            )
         self.max_batch = spec.tier.capabilities.max_batch
         self.dirty_limit = spec.write_back_dirty_blocks or max(1, cpu_blocks // 4)
         self.jobs: dict[int, _Job] = {}
@@ -720,7 +724,7 @@ class TieringManager(OffloadingManager):
                 self._negative(st, key)
         if good:
             for nearer in self._tiers[:index]:
-                if nearer.spec.fill and nearer.policy is not WritePolicy.NONE:
+                if nearer.spec.fill:
                     self._write(nearer, good, job.ctx, "fill")
 
     def _finish_put(self, st: _TierState, job: _Job, result: TierResult, failed: list[int]) -> None:

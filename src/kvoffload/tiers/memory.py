@@ -155,6 +155,10 @@ class MemoryTier(Tier):
         """Keys whose record is readable now (for tests and the simulator)."""
         return set(self._records)
 
+    def record(self, key: OffloadKey) -> bytes | None:
+        """The stored bytes of ``key`` (``None`` when absent or still being written)."""
+        return self._records.get(key)
+
     def in_flight_keys(self) -> set[OffloadKey]:
         """Keys that a job not yet polled reads or writes."""
         return {key for pending in self._jobs for key in pending.job.keys}
