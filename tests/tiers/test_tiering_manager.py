@@ -331,6 +331,18 @@ def test_reset_drains_and_ignores_stale_completions() -> None:
     assert read(manager, memory, [key(9)], ctx) == [pattern(key(9))]
 
 
+def test_reset_with_nothing_in_flight_resets_the_cpu_at_once() -> None:
+    manager, memory, _ = build(cpu_blocks=4)
+    ctx = ReqContext(req_id="a")
+    store(manager, memory, [key(0)], ctx)
+    manager.step()
+    manager.reset_cache()
+    assert not manager.resetting and not manager.has_pending_work()
+    stats = manager.get_stats()
+    assert stats.resets == 1 and stats.stored_blocks == 0
+    assert stats.tiering["reset_timeouts"] == 0
+
+
 def test_reset_with_a_stuck_tier_waits_for_its_old_jobs() -> None:
     manager, memory, (tier,) = build(cpu_blocks=4, drain_timeout_s=0.0)
     seed(tier, memory, [key(9)], slot=0)

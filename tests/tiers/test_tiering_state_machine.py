@@ -57,19 +57,31 @@ class TieringMachine(RuleBasedStateMachine):
         self.memory = BytearraySlotMemory(SLOT, CPU_BLOCKS)
         self.cpu = CPUOffloadingManager(CPU_BLOCKS)
         self.tiers = [
-            MemoryTier(self.memory, 6 * SLOT, "lru", name="near", latency_polls=latency,
-                       clock=self.clock),
+            MemoryTier(
+                self.memory, 6 * SLOT, "lru", name="near", latency_polls=latency, clock=self.clock
+            ),
             MemoryTier(self.memory, 10 * SLOT, "arc", name="far", clock=self.clock),
         ]
         self.manager = TieringManager(
             self.cpu,
             self.memory,
             [
-                SecondaryTier(self.tiers[0], "write_through", fill=True, breaker_threshold=2,
-                              breaker_backoff_s=1.0),
-                SecondaryTier(self.tiers[1], second, max_inflight_bytes=3 * SLOT,
-                              write_back_dirty_blocks=2, breaker_threshold=3,
-                              breaker_backoff_s=2.0, lookup_retries=2),
+                SecondaryTier(
+                    self.tiers[0],
+                    "write_through",
+                    fill=True,
+                    breaker_threshold=2,
+                    breaker_backoff_s=1.0,
+                ),
+                SecondaryTier(
+                    self.tiers[1],
+                    second,
+                    max_inflight_bytes=3 * SLOT,
+                    write_back_dirty_blocks=2,
+                    breaker_threshold=3,
+                    breaker_backoff_s=2.0,
+                    lookup_retries=2,
+                ),
             ],
             clock=self.clock,
             drain_timeout_s=0.0,
@@ -92,9 +104,31 @@ class TieringMachine(RuleBasedStateMachine):
         assert set(out.keys_to_store) <= set(keys)
         if out.keys_to_store:
             self.stores.append(
-                DriverStore(list(out.keys_to_store), list(out.store_spec.block_ids), ctx,
-                            self.manager.generation)
+                DriverStore(
+                    list(out.keys_to_store),
+                    list(out.store_spec.block_ids),
+                    ctx,
+                    self.manager.generation,
+                )
             )
+
+    @rule(
+        req=st.integers(0, 2),
+        start=st.integers(0, UNIVERSE - 1),
+        n=st.integers(1, 3),
+        fail=st.integers(0, 4),
+    )
+    def store_now(self, req: int, start: int, n: int, fail: int) -> None:
+        """The common path: a store whose copy completes at once (fails one time in five)."""
+        ctx = self.ctxs[req]
+        out = self.manager.prepare_store(KEYS[start : start + n], ctx)
+        if out is None or not out.keys_to_store:
+            return
+        for k, slot in zip(out.keys_to_store, out.store_spec.block_ids, strict=True):
+            self.memory.slot_view(slot)[:] = pattern(k) if fail else GARBAGE
+        self.manager.complete_store(out.keys_to_store, ctx, success=bool(fail))
+        if fail:
+            self.stored_ever.update(out.keys_to_store)
 
     @precondition(lambda self: self.stores)
     @rule(data=st.data(), success=st.booleans())
@@ -144,7 +178,9 @@ class TieringMachine(RuleBasedStateMachine):
         job = self.loads.pop(data.draw(st.integers(0, len(self.loads) - 1)))
         if job.generation == self.manager.generation:
             for k, slot in zip(job.keys, job.slots, strict=True):
-                assert bytes(self.memory.slot_view(slot)) == pattern(k), "a hit returned other bytes"
+                assert bytes(self.memory.slot_view(slot)) == pattern(k), (
+                    "a hit returned other bytes"
+                )
         self.manager.complete_load(job.keys, job.ctx)
 
     @rule(req=st.integers(0, 2))
@@ -153,34 +189,53 @@ class TieringMachine(RuleBasedStateMachine):
 
     @rule()
     def step(self) -> None:
+        for tier in self.tiers:  # a stuck tier recovers by the next step
+            tier.stuck = False
         self.manager.step()
 
     # ------------------------------------------------------------------ faults
-    @rule(t=st.integers(0, 1), reason=st.sampled_from([None, "io_error", "no_space"]))
-    def fail_tier(self, t: int, reason: str | None) -> None:
-        self.tiers[t].fail_all = reason
-
-    @rule(t=st.integers(0, 1), i=st.integers(0, UNIVERSE - 1), on=st.booleans())
-    def fail_key(self, t: int, i: int, on: bool) -> None:
-        if on:
-            self.tiers[t].fail_keys[KEYS[i]] = "corrupt"
+    @rule(
+        kind=st.sampled_from(
+            [
+                "fail_tier",
+                "clear_tier",
+                "fail_key",
+                "clear_key",
+                "unknown",
+                "known",
+                "stuck",
+                "clock",
+            ]
+        ),
+        t=st.integers(0, 1),
+        i=st.integers(0, UNIVERSE - 1),
+        reason=st.sampled_from(["io_error", "no_space"]),
+        dt=st.sampled_from([0.5, 1.0, 3.0]),
+    )
+    def fault(self, kind: str, t: int, i: int, reason: str, dt: float) -> None:
+        tier = self.tiers[t]
+        if kind == "fail_tier":
+            tier.fail_all = reason
+        elif kind == "clear_tier":
+            tier.fail_all = None
+        elif kind == "fail_key":
+            tier.fail_keys[KEYS[i]] = "corrupt"
+        elif kind == "clear_key":
+            tier.fail_keys.pop(KEYS[i], None)
+        elif kind == "unknown":
+            tier.unknown_keys.add(KEYS[i])
+        elif kind == "known":
+            tier.unknown_keys.discard(KEYS[i])
+        elif kind == "stuck":
+            tier.stuck = True
         else:
-            self.tiers[t].fail_keys.pop(KEYS[i], None)
+            self.clock.now += dt
 
-    @rule(t=st.integers(0, 1), i=st.integers(0, UNIVERSE - 1), on=st.booleans())
-    def unknown_key(self, t: int, i: int, on: bool) -> None:
-        (self.tiers[t].unknown_keys.add if on else self.tiers[t].unknown_keys.discard)(KEYS[i])
-
-    @rule(t=st.integers(0, 1), on=st.booleans())
-    def stuck(self, t: int, on: bool) -> None:
-        self.tiers[t].stuck = on
-
-    @rule(dt=st.sampled_from([0.5, 1.0, 3.0]))
-    def advance_clock(self, dt: float) -> None:
-        self.clock.now += dt
-
-    @rule()
-    def reset(self) -> None:
+    @rule(go=st.integers(0, 3))
+    def reset(self, go: int) -> None:
+        if go:  # resets are rarer than the other steps
+            self.manager.step()
+            return
         # The engine's own copies land before it resets (their completions may come later).
         for job in self.stores:
             if job.generation == self.manager.generation:
@@ -189,6 +244,15 @@ class TieringMachine(RuleBasedStateMachine):
         self.manager.reset_cache()
         if self.manager.resetting:
             assert self.manager.has_pending_work()
+        # Their completions arrive after the reset: stale, ignored. (They arrive before the same
+        # request prepares the same key again: the CPU manager's completions carry no
+        # generation, so it could not tell an old completion from a new one.)
+        for job in self.stores:
+            self.manager.complete_store(job.keys, job.ctx, success=True)
+        for job in self.loads:
+            self.manager.complete_load(job.keys, job.ctx)
+        self.stores.clear()
+        self.loads.clear()
 
     # -------------------------------------------------------------- invariants
     def _cpu_ready(self, k: bytes) -> bool:
@@ -255,7 +319,7 @@ class TieringMachine(RuleBasedStateMachine):
 
 TieringMachine.TestCase.settings = settings(
     max_examples=60,
-    stateful_step_count=40,
+    stateful_step_count=60,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )

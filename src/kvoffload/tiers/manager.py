@@ -408,8 +408,18 @@ class TieringManager(OffloadingManager):
                 out.append((_MISS, -1))
         return out
 
-    def _allocate(self, keys: list[OffloadKey], tiers: list[int], ctx: ReqContext) -> int:
-        """Give promoted ``keys`` CPU slots and queue their reads; returns how many (a prefix)."""
+    def _allocate(
+        self,
+        keys: list[OffloadKey],
+        tiers: list[int],
+        ctx: ReqContext,
+        prefix: Sequence[OffloadKey] = (),
+    ) -> int:
+        """Give promoted ``keys`` CPU slots and queue their reads; returns how many (a prefix).
+
+        ``prefix`` is the request's prefix up to the last promoted key: offered with them, its
+        CPU-resident blocks are protected, so a promotion never evicts the prefix it extends.
+        """
         cut = len(keys)
         wanted: Counter[int] = Counter()
         for i, index in enumerate(tiers):
@@ -423,7 +433,12 @@ class TieringManager(OffloadingManager):
         keys, tiers = keys[:cut], tiers[:cut]
         if not keys:
             return 0
-        out = self.cpu.prepare_store(keys, ctx)
+        if prefix:
+            last = prefix.index(keys[-1]) + 1
+            offered = list(prefix[:last])
+        else:
+            offered = keys
+        out = self.cpu.prepare_store(offered, ctx)
         if out is None:
             self._counters["promotion_allocation_failures"] += 1
             return 0
@@ -492,6 +507,7 @@ class TieringManager(OffloadingManager):
         promote_at: list[int] = []
         tiers: list[int] = []
         stop = len(keys)
+        end = _MISS  # the verdict of the key that ends the prefix
         for i, key in enumerate(keys):
             if key in self._slots:
                 continue
@@ -503,16 +519,17 @@ class TieringManager(OffloadingManager):
                 promote_at.append(i)
                 tiers.append(index)
                 continue
-            stop = i
-            results[i] = verdict if verdict is not _HIT else _HIT_PENDING
+            stop, end = i, verdict
             break
         if promote:
-            kept = self._allocate(promote, tiers, owner)
-            if kept < len(promote):
-                stop = min(stop, promote_at[kept])
+            kept = self._allocate(promote, tiers, owner, keys)
+            if kept < len(promote):  # no room (or not admitted): the prefix ends there
+                stop, end = promote_at[kept], _MISS
             self._flush()
         for i in range(stop):
             results[i] = self.cpu.lookup(keys[i], ctx)
+        if stop < len(keys):
+            results[stop] = end
         if stop < len(keys) and results[stop] is _MISS:
             self.cpu.lookup(
                 keys[stop], ctx
@@ -661,6 +678,8 @@ class TieringManager(OffloadingManager):
     def _reap(self) -> int:
         """Process every finished tier job; returns how many."""
         if not self._jobs_in_flight():
+            if self._resetting:
+                self._finish_reset()
             return 0
         done = 0
         for index, st in enumerate(self._tiers):

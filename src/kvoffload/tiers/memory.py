@@ -160,8 +160,14 @@ class MemoryTier(Tier):
         return self._records.get(key)
 
     def in_flight_keys(self) -> set[OffloadKey]:
-        """Keys that a job not yet polled reads or writes."""
-        return {key for pending in self._jobs for key in pending.job.keys}
+        """Keys that a job not yet polled reads or writes (not those it failed at once)."""
+        return {
+            key
+            for pending in self._jobs
+            if pending.job.kind is not JobKind.DELETE
+            for i, key in enumerate(pending.job.keys)
+            if i not in pending.fail and i not in pending.skip
+        }
 
     def _check_batch(self, keys: Sequence[OffloadKey], slots: Sequence[int] | None) -> None:
         if self._closed:
