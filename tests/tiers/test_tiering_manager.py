@@ -387,3 +387,15 @@ def test_stats_flatten_per_tier_counters() -> None:
     assert flat["tier_t0_blocks_written"] == 1
     assert flat["tier_t0_breaker_state"] == "closed"
     assert flat["stores_completed"] == 1
+
+
+def test_a_single_key_promotion_never_evicts_the_hits_of_the_same_pass() -> None:
+    manager, memory, (tier,) = build(cpu_blocks=1, specs=[{"write_policy": "none"}])
+    seed(tier, memory, [key(1)], slot=0)
+    ctx = ReqContext(req_id="a")
+    store(manager, memory, [key(0)], ctx)
+    assert manager.lookup(key(0), ctx) is HIT
+    assert manager.lookup(key(1), ctx) is MISS  # promoting it would evict key 0: refused
+    assert read(manager, memory, [key(0)], ctx) == [pattern(key(0))]
+    other = ReqContext(req_id="b")  # a request whose pass starts at key 1 may evict key 0
+    assert manager.lookup(key(1), other) is PENDING

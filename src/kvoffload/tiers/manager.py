@@ -170,10 +170,19 @@ class _Job:
 class _RequestState:
     """Per-request tiering state kept in the request's ``ReqContext``."""
 
-    __slots__ = ("retries",)
+    __slots__ = ("retries", "seen")
 
     def __init__(self) -> None:
         self.retries: dict[OffloadKey, int] = {}
+        self.seen: dict[OffloadKey, None] = {}  # this pass's CPU-resident prefix, in order
+
+
+def _request_state(ctx: ReqContext) -> _RequestState:
+    state = ctx.get_state(_RequestState)
+    if state is None:
+        state = _RequestState()
+        ctx.set_state(state)
+    return state
 
 
 _TIER_COUNTERS = (
@@ -393,10 +402,7 @@ class TieringManager(OffloadingManager):
                 out.append((_HIT, found[i]))
             elif unknown[i] >= 0:
                 if state is None:
-                    state = ctx.get_state(_RequestState)
-                    if state is None:
-                        state = _RequestState()
-                        ctx.set_state(state)
+                    state = _request_state(ctx)
                 asked_before = state.retries.get(key, 0)
                 if asked_before < self._tiers[unknown[i]].spec.lookup_retries:
                     state.retries[key] = asked_before + 1
@@ -469,20 +475,24 @@ class TieringManager(OffloadingManager):
         if self._resetting:
             return _MISS
         result = self.cpu.lookup(key, ctx)
-        if result is not _MISS:
-            if result is _HIT_PENDING and key in self._promoting:
-                index = self._promoting[key]
-                if any(k == key for k, _, _ in self._tiers[index].queue):
-                    self._flush()  # asked again: the driver's pass is over
-            return result
         if not self._tiers:
-            return _MISS
+            return result
         owner = self._ctx(ctx)
+        seen = _request_state(owner).seen
+        if result is not _MISS:
+            if key in seen:  # the driver starts a new pass over its prefix
+                seen.clear()
+                self._flush()
+            seen[key] = None
+            return result
         verdict, index = self._locate([key], owner)[0]
         if verdict is _HIT:
-            if self._allocate([key], [index], owner):
+            # Offered with the pass's CPU-resident prefix, so the promotion cannot evict it.
+            if self._allocate([key], [index], owner, [*seen, key]):
+                seen[key] = None
                 return _HIT_PENDING
-            return _MISS
+            verdict = _MISS
+        seen.clear()
         if verdict is _MISS:
             self._flush()  # the prefix ends here
         return verdict
@@ -775,7 +785,13 @@ class TieringManager(OffloadingManager):
 
     poll = step
 
+    def _end_pass(self, ctx: ReqContext) -> None:
+        state = ctx.get_state(_RequestState)
+        if state is not None:
+            state.seen.clear()
+
     def prepare_load(self, keys: Sequence[OffloadKey], ctx: ReqContext) -> CPULoadStoreSpec:
+        self._end_pass(ctx)
         spec = self.cpu.prepare_load(keys, ctx)
         for st in self._tiers:
             if st.policy is WritePolicy.SELECTIVE and not self._resetting:
@@ -791,6 +807,7 @@ class TieringManager(OffloadingManager):
     def prepare_store(
         self, keys: Sequence[OffloadKey], ctx: ReqContext
     ) -> PrepareStoreOutput | None:
+        self._end_pass(ctx)
         if self._resetting:
             self._counters["stores_dropped_resetting"] += 1
             return None
@@ -825,6 +842,7 @@ class TieringManager(OffloadingManager):
         state = ctx.get_state(_RequestState)
         if state is not None:
             state.retries.clear()
+            state.seen.clear()
         self.cpu.on_request_finished(ctx)
 
     def take_events(self) -> list[OffloadingEvent]:
