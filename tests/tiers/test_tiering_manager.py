@@ -399,3 +399,15 @@ def test_a_single_key_promotion_never_evicts_the_hits_of_the_same_pass() -> None
     assert read(manager, memory, [key(0)], ctx) == [pattern(key(0))]
     other = ReqContext(req_id="b")  # a request whose pass starts at key 1 may evict key 0
     assert manager.lookup(key(1), other) is PENDING
+
+
+def test_a_prefix_promotion_never_evicts_cpu_blocks_after_the_promoted_ones() -> None:
+    manager, memory, (tier,) = build(cpu_blocks=2, specs=[{"write_policy": "none"}])
+    seed(tier, memory, [key(0)], slot=0)
+    ctx = ReqContext(req_id="a")
+    store(manager, memory, [key(2), key(1)], ctx)  # key 2 is the CPU's LRU victim
+    manager.cpu.touch([key(1)], None)
+    keys = [key(0), key(1), key(2)]
+    # Room for key 0 would mean evicting key 1 or 2, both in this prefix: the prefix ends at 0.
+    assert manager.lookup_prefix(keys, ReqContext(req_id="b")) == [MISS, MISS, MISS]
+    assert manager.cpu_slot(key(1)) is not None and manager.cpu_slot(key(2)) is not None

@@ -318,7 +318,7 @@ class TieringMachine(RuleBasedStateMachine):
 
 
 TieringMachine.TestCase.settings = settings(
-    max_examples=60,
+    max_examples=100,
     stateful_step_count=60,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],

@@ -423,7 +423,7 @@ class TieringManager(OffloadingManager):
     ) -> int:
         """Give promoted ``keys`` CPU slots and queue their reads; returns how many (a prefix).
 
-        ``prefix`` is the request's prefix up to the last promoted key: offered with them, its
+        ``prefix`` is the request's whole prefix (``keys`` among it): offered with them, its
         CPU-resident blocks are protected, so a promotion never evicts the prefix it extends.
         """
         cut = len(keys)
@@ -439,12 +439,7 @@ class TieringManager(OffloadingManager):
         keys, tiers = keys[:cut], tiers[:cut]
         if not keys:
             return 0
-        if prefix:
-            last = prefix.index(keys[-1]) + 1
-            offered = list(prefix[:last])
-        else:
-            offered = keys
-        out = self.cpu.prepare_store(offered, ctx)
+        out = self.cpu.prepare_store(list(prefix) if prefix else keys, ctx)
         if out is None:
             self._counters["promotion_allocation_failures"] += 1
             return 0
@@ -532,7 +527,7 @@ class TieringManager(OffloadingManager):
             stop, end = i, verdict
             break
         if promote:
-            kept = self._allocate(promote, tiers, owner, keys)
+            kept = self._allocate(promote, tiers, owner, keys[:stop])
             if kept < len(promote):  # no room (or not admitted): the prefix ends there
                 stop, end = promote_at[kept], _MISS
             self._flush()
