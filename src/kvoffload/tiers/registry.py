@@ -52,9 +52,7 @@ def get_tier_cls(name: str) -> type[Tier]:
         return cls
     if ":" in name:
         return _load(name)
-    raise ValueError(
-        f"unknown tier {name!r}; available: {available_tiers()} (or 'module:Class')"
-    )
+    raise ValueError(f"unknown tier {name!r}; available: {available_tiers()} (or 'module:Class')")
 
 
 def available_tiers() -> list[str]:

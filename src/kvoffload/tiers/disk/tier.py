@@ -14,6 +14,7 @@ Layout: ``<path>/<namespace hex>/<key hex[:2]>/<key hex>.kv``; temporaries are
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import itertools
@@ -498,7 +499,7 @@ class DiskTier(Tier):
                 reason = None
             except OSError as exc:
                 reason = "no_space" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else "io_error"
-            except Exception:  # noqa: BLE001 - a fault must be a failed key, never escape
+            except Exception:
                 reason = "io_error"
         seconds = time.perf_counter() - t0
         with self._lock:
@@ -536,10 +537,8 @@ class DiskTier(Tier):
                 if self.durability == "fsync":
                     files.fsync_dir(os.path.dirname(path))
         except BaseException:
-            try:
+            with contextlib.suppress(OSError):
                 files.unlink(target)
-            except OSError:
-                pass
             raise
         return time.time()
 
@@ -558,7 +557,7 @@ class DiskTier(Tier):
                 reason = self._read_record(key, slot, entry.path)
             except OSError as exc:
                 reason = "missing" if exc.errno == errno.ENOENT else "io_error"
-            except Exception:  # noqa: BLE001 - a fault must be a failed key, never escape
+            except Exception:
                 reason = "io_error"
         seconds = time.perf_counter() - t0
         bad = reason in ("corrupt", "torn", "missing")
@@ -693,8 +692,10 @@ class DiskTier(Tier):
                     fn = checksum_function(header.checksum_kind)
                     payload = bytearray(header.payload_len)
                     n = read_full(self.files, fd, [memoryview(payload)], HEADER_BYTES)
-                    if fn is None or n != header.payload_len or fn(payload) != (
-                        header.payload_checksum
+                    if (
+                        fn is None
+                        or n != header.payload_len
+                        or fn(payload) != (header.payload_checksum)
                     ):
                         return None
             finally:
@@ -704,10 +705,8 @@ class DiskTier(Tier):
         return OffloadKey(header.key)
 
     def _unlink_quietly(self, path: str) -> None:
-        try:
+        with contextlib.suppress(OSError):
             self.files.unlink(path)
-        except OSError:
-            pass
 
 
 __all__ = ["DURABILITIES", "DiskTier", "namespace_digest"]
