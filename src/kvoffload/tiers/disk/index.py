@@ -74,7 +74,10 @@ class DiskIndex:
             return []
         if nbytes > limit:
             return None
-        n = -(-deficit // nbytes)
+        if not self._entries:
+            return None
+        unit = nbytes or next(iter(self._entries.values())).nbytes
+        n = -(-deficit // unit)
         if n > len(self._entries):
             return None
         chosen = self.policy.evict(n, protected)
