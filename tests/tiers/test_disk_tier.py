@@ -261,3 +261,17 @@ def test_registry_loads_the_disk_tier_by_name_and_by_module_path() -> None:
         get_tier_cls("os:path")
     with pytest.raises(TypeError):
         register_tier("x", int)  # type: ignore[arg-type]
+
+
+def test_a_jobs_records_enter_the_policy_tail_first_whatever_thread_finishes_first(
+    tmp_path: Path,
+) -> None:
+    """LRU evicts a batch's tail first, as the CPU tier does (the head stays most recent)."""
+    memory = BytearraySlotMemory(64 * 1024, 8)
+    for run in range(4):
+        tier = _tier(memory, tmp_path / str(run), 8, io_threads=8)
+        keys = [_key(run * 100 + i) for i in range(8)]
+        assert _wait(tier, tier.submit_put(keys, list(range(8)))).all_ok  # type: ignore[attr-defined]
+        put = _wait(tier, tier.submit_put([_key(999)], [0]))
+        assert put.evicted == (keys[-1],)  # type: ignore[attr-defined]
+        tier.close()

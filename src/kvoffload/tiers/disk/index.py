@@ -99,16 +99,26 @@ class DiskIndex:
         return entry
 
     def end_write(self, key: OffloadKey, ok: bool, mtime: float = 0.0) -> None:
+        """A write finished: its bytes count as used (still unreadable until published)."""
         entry = self._entries[key]
         self.reserved_bytes -= entry.nbytes
         if ok:
-            entry.status.ref_cnt = 0
             entry.mtime = mtime
             self.used_bytes += entry.nbytes
-            self.policy.mark_evictable(key)
         else:
             del self._entries[key]
             self.policy.remove(key)
+
+    def publish(self, keys: list[OffloadKey]) -> None:
+        """Make written records readable and evictable, in the order given.
+
+        The tier publishes a job's records together when the job ends, tail to head, so the
+        policy sees the same order however the I/O threads finished.
+        """
+        for key in keys:
+            entry = self._entries[key]
+            entry.status.ref_cnt = 0
+            self.policy.mark_evictable(key)
 
     def begin_read(self, key: OffloadKey) -> IndexEntry | None:
         """Pin a ready record for a read (``None`` if absent, being written or doomed)."""

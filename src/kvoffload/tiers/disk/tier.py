@@ -89,6 +89,7 @@ class _Job:
     remaining: int = 0
     nbytes: int = 0
     evicted: list[OffloadKey] = field(default_factory=list)
+    written: list[int] = field(default_factory=list)  # indices of keys written, to publish
 
 
 class DiskTier(Tier):
@@ -438,6 +439,8 @@ class DiskTier(Tier):
         """Report the job once its last task is done (call with the lock held)."""
         if job.remaining == 0 and job.job_id in self._jobs:
             del self._jobs[job.job_id]
+            if job.written:
+                self._index.publish([job.keys[i] for i in sorted(job.written, reverse=True)])
             self._done.append(
                 TierResult(
                     job_id=job.job_id,
@@ -506,6 +509,7 @@ class DiskTier(Tier):
             self._index.end_write(key, reason is None, mtime)
             if reason is None:
                 job.ok[i] = True
+                job.written.append(i)
                 job.nbytes += self.memory.slot_bytes
                 self._stats["stored"] += 1
                 self._stats["bytes_written"] += self.memory.slot_bytes
