@@ -72,7 +72,7 @@ def test_sigkill_at_random_points_loses_no_completed_block_and_serves_no_torn_on
     rng = random.Random(2024)
     completed: set[int] = set()
     next_first = 0
-    temps_swept = 0
+    torn = 0
     for run in range(RUNS):
         durability = ("rename", "fsync", "none")[run % 3]
         rfd, wfd = os.pipe()
@@ -98,7 +98,7 @@ def test_sigkill_at_random_points_loses_no_completed_block_and_serves_no_torn_on
         # a fresh tier (durability does not matter for reading) recovers from the directory
         memory = BytearraySlotMemory(SLOT, 1)
         tier = DiskTier(memory, tmp_path, RECORDS * (HEADER_BYTES + SLOT))
-        temps_swept += int(tier.stats()["temp_removed"])
+        torn += int(tier.stats()["torn_records"])
         present = {_index(b.key) for b in tier.scan()}
         # every completed block the child did not evict itself (its budget is RECORDS)
         missing = sorted(k for k in reported - evicted if k not in present)
@@ -116,6 +116,6 @@ def test_sigkill_at_random_points_loses_no_completed_block_and_serves_no_torn_on
         tier.close()
     assert len(completed) > RUNS, "the child completed too few stores for the test to mean much"
     print(
-        f"{len(completed)} completed blocks over {RUNS} kills, {temps_swept} temporaries swept",
+        f"{len(completed)} completed blocks over {RUNS} kills, {torn} torn records erased",
         file=sys.stderr,
     )

@@ -23,7 +23,7 @@ class Faulty(FileLayer):
         self.write_error: int | None = None
         self.read_error: int | None = None
         self.short_read = False
-        self.replace_error: Exception | None = None
+        self.sync_error: int | None = None
         self.weird: Exception | None = None
 
     def pwritev(self, fd, buffers, offset):  # type: ignore[no-untyped-def]
@@ -37,17 +37,17 @@ class Faulty(FileLayer):
         if self.read_error is not None:
             raise OSError(self.read_error, "injected")
         if self.short_read:
-            # the first call returns half of what was asked, then end of file
-            if offset:
+            # a record read returns its header and half its payload, then end of file
+            if len(buffers) < 2:
                 return 0
-            wanted = sum(b.nbytes for b in buffers) // 2
-            return super().preadv(fd, [buffers[0], buffers[1][: wanted - buffers[0].nbytes]], 0)
+            half = buffers[1][: buffers[1].nbytes // 2]
+            return super().preadv(fd, [buffers[0], half], offset)
         return super().preadv(fd, buffers, offset)
 
-    def replace(self, src: str, dst: str) -> None:
-        if self.replace_error is not None:
-            raise self.replace_error
-        super().replace(src, dst)
+    def fdatasync(self, fd: int) -> None:
+        if self.sync_error is not None:
+            raise OSError(self.sync_error, "injected")
+        super().fdatasync(fd)
 
 
 def _setup(tmp_path: Path, **kw: object) -> tuple[DiskTier, BytearraySlotMemory, Faulty, bytes]:
@@ -57,6 +57,13 @@ def _setup(tmp_path: Path, **kw: object) -> tuple[DiskTier, BytearraySlotMemory,
     files = Faulty()
     tier = DiskTier(memory, tmp_path, 8 * (HEADER_BYTES + SLOT), files=files, **kw)  # type: ignore[arg-type]
     return tier, memory, files, data
+
+
+def _records_after_restart(tmp_path: Path) -> int:
+    fresh = DiskTier(BytearraySlotMemory(SLOT, 1), tmp_path, 8 * (HEADER_BYTES + SLOT))
+    n = int(fresh.stats()["records"])
+    fresh.close()
+    return n
 
 
 def _run(tier: DiskTier, job: int) -> TierResult:
@@ -75,21 +82,22 @@ def test_a_failed_write_is_a_counted_failed_store(tmp_path: Path, error: int, re
     assert tier.stats()[f"dropped_{reason}"] == 1
     assert tier.stats()["reserved_bytes"] == 0 and tier.stats()["used_bytes"] == 0
     assert bytes(memory.slot_view(0)) == data  # the CPU copy is untouched
-    assert not list(tmp_path.rglob("*.tmp")) and not list(tmp_path.rglob("*.kv"))
     files.write_error = None  # the tier recovers once the disk does
     assert _run(tier, tier.submit_put([conformance_key(1)], [0])).all_ok
     tier.close()
+    assert _records_after_restart(tmp_path) == 1
 
 
-def test_a_failed_rename_and_an_unexpected_exception_are_failed_stores(tmp_path: Path) -> None:
-    tier, _memory, files, _data = _setup(tmp_path)
-    files.replace_error = OSError(errno.EROFS, "read-only")
+def test_a_failed_barrier_and_an_unexpected_exception_are_failed_stores(tmp_path: Path) -> None:
+    tier, _memory, files, _data = _setup(tmp_path, durability="fsync")
+    files.sync_error = errno.EIO
     assert _run(tier, tier.submit_put([conformance_key(1)], [0])).reasons == {0: "io_error"}
-    files.replace_error = None
+    files.sync_error = None
     files.weird = RuntimeError("a bug in a file layer")
     assert _run(tier, tier.submit_put([conformance_key(2)], [0])).reasons == {0: "io_error"}
-    assert not list(tmp_path.rglob("*.tmp"))
+    assert tier.stats()["dropped_io_error"] == 2 and tier.stats()["records"] == 0
     tier.close()
+    assert _records_after_restart(tmp_path) == 0  # no header was written for either
 
 
 def test_a_read_error_is_a_counted_miss_and_keeps_the_record(tmp_path: Path) -> None:
@@ -113,7 +121,6 @@ def test_a_short_read_is_a_torn_record_deleted_and_counted(tmp_path: Path) -> No
     assert get.reasons == {0: "torn"}
     assert tier.stats()["corrupt_records"] == 1
     assert tier.contains([conformance_key(1)]) == [Presence.MISS]
-    assert not list(tmp_path.rglob("*.kv"))
     tier.close()
 
 
@@ -130,24 +137,25 @@ def test_a_flipped_byte_on_disk_is_never_served(tmp_path: Path, where: str) -> N
     assert get.ok == (False,) and get.reasons == {0: "corrupt"}
     assert tier.stats()["corrupt_records"] == 1
     assert tier.contains([conformance_key(1)]) == [Presence.MISS]
-    assert not path.exists()
     tier.close()
+    assert _records_after_restart(tmp_path) == 0  # its header was erased
 
 
-def test_restart_deletes_temporaries_torn_and_garbled_records(tmp_path: Path) -> None:
-    tier, _memory, _files, _data = _setup(tmp_path)
+def test_restart_erases_torn_and_garbled_records(tmp_path: Path) -> None:
+    tier, memory, _files, _data = _setup(tmp_path)
     keys = [conformance_key(i) for i in range(4)]
     assert _run(tier, tier.submit_put(keys, [0, 0, 0, 0])).all_ok
     tier.close()
-    paths = sorted(tmp_path.rglob("*.kv"))
-    paths[0].write_bytes(paths[0].read_bytes()[: HEADER_BYTES + 100])  # torn
-    raw = bytearray(paths[1].read_bytes())
-    raw[0] ^= 1  # bad magic
-    paths[1].write_bytes(bytes(raw))
-    (paths[2].parent / (paths[2].name + ".1.2.tmp")).write_bytes(b"partial")
-    fresh = DiskTier(_memory, tmp_path, 8 * (HEADER_BYTES + SLOT))
+    (arena,) = tmp_path.rglob("*.kv")
+    record = HEADER_BYTES + SLOT
+    raw = bytearray(arena.read_bytes())
+    raw[record * 1] ^= 1  # slot 1: bad magic
+    raw[record * 2 + 40] ^= 1  # slot 2: a header field, caught by the header CRC
+    arena.write_bytes(bytes(raw[: record * 3 + HEADER_BYTES + 100]))  # slot 3: cut short
+    fresh = DiskTier(memory, tmp_path, 8 * (HEADER_BYTES + SLOT))
     stats = fresh.stats()
-    assert stats["records"] == 2 and stats["torn_records"] == 2 and stats["temp_removed"] == 1
-    assert not paths[0].exists() and not paths[1].exists()
-    assert not list(tmp_path.rglob("*.tmp"))
+    assert stats["records"] == 1 and stats["torn_records"] == 3
+    assert fresh.contains(keys) == [Presence.HIT, Presence.MISS, Presence.MISS, Presence.MISS]
+    assert arena.stat().st_size == 3 * record  # the partial slot is cut off
     fresh.close()
+    assert _records_after_restart(tmp_path) == 1  # the bad headers were zeroed, not re-counted

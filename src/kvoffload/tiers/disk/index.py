@@ -1,14 +1,16 @@
-"""The disk tier's in-memory index: which records exist, their pins, bytes and eviction order.
+"""The disk tier's in-memory index: records by key, their arena slots, pins and byte counts.
 
 Why it pairs the index with a registry policy: the policy (any ``CachePolicy``) decides victims,
 and the pin count on the shared :class:`BlockStatus` is what keeps records being read
 (``ref_cnt > 0``) or written (``ref_cnt == -1``) out of every eviction; the index adds the byte
-accounting (committed plus reserved for writes in flight) that a byte budget needs. Not
-thread-safe: the tier calls it under its lock.
+accounting (committed plus reserved for writes in flight) a byte budget needs, and hands out
+arena slots (lowest free first, so the file stays compact). Not thread-safe: the tier calls it
+under its lock.
 """
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 
@@ -18,21 +20,25 @@ from kvoffload.policies import BlockStatus, CachePolicy
 
 @dataclass
 class IndexEntry:
-    """One record: its file, its size on disk and its pin state (``status.ref_cnt``)."""
+    """One record: its arena slot, its size on disk and its pin state (``status.ref_cnt``)."""
 
-    path: str
+    slot: int
     nbytes: int
     status: BlockStatus
-    mtime: float = 0.0
-    doomed: bool = False  # found corrupt while pinned: delete when the last reader is done
+    written_ns: int = 0
+    doomed: bool = False  # found corrupt while pinned: drop when the last reader is done
+    fresh: bool = False  # its slot was never written before (no old header to invalidate)
 
 
 class DiskIndex:
-    """Records by key, with a policy for victims and committed/reserved byte counts."""
+    """Records by key, with a policy for victims, arena slots and committed/reserved bytes."""
 
-    def __init__(self, policy: CachePolicy) -> None:
+    def __init__(self, policy: CachePolicy, max_slots: int) -> None:
         self.policy = policy
+        self.max_slots = max_slots
         self._entries: dict[OffloadKey, IndexEntry] = {}
+        self._free: list[int] = []  # heap of free slots below the high-water mark
+        self.high_water = 0  # slots [0, high_water) have been handed out at some point
         self.used_bytes = 0  # records whose write completed
         self.reserved_bytes = 0  # records being written
         self._next_id = 0
@@ -53,9 +59,31 @@ class DiskIndex:
         self._next_id += 1
         return BlockStatus(self._next_id, ref_cnt)
 
-    def add_ready(self, key: OffloadKey, path: str, nbytes: int, mtime: float) -> None:
-        """A record found on disk (restart scan), evictable at once."""
-        entry = IndexEntry(path, nbytes, self._status(0), mtime)
+    # -------------------------------------------------------------- slots
+
+    def _take_slot(self) -> tuple[int, bool] | None:
+        """A free slot and whether it is fresh (past every slot the file ever held)."""
+        if self._free:
+            return heapq.heappop(self._free), False
+        if self.high_water < self.max_slots:
+            self.high_water += 1
+            return self.high_water - 1, True
+        return None
+
+    def release_slot(self, slot: int) -> None:
+        """A slot whose record is gone (and, for deletes, whose header is zeroed) is free."""
+        heapq.heappush(self._free, slot)
+
+    def set_high_water(self, slots: int, free: Collection[int]) -> None:
+        """After a scan: ``slots`` exist in the file, ``free`` of them hold no record."""
+        self.high_water = slots
+        self._free = sorted(free)
+
+    # -------------------------------------------------------------- records
+
+    def add_ready(self, key: OffloadKey, slot: int, nbytes: int, written_ns: int) -> None:
+        """A record found in the arena (restart scan), evictable at once."""
+        entry = IndexEntry(slot, nbytes, self._status(0), written_ns)
         self._entries[key] = entry
         self.used_bytes += nbytes
         self.policy.insert(key, entry.status)
@@ -65,16 +93,15 @@ class DiskIndex:
     ) -> list[tuple[OffloadKey, IndexEntry]] | None:
         """Evict until ``nbytes`` more fit under ``limit``; ``None`` (nothing changed) if not.
 
-        Every record of a tier is one slot, so all are ``nbytes`` long and one ``evict(n)``
-        call frees exactly enough. Victims leave the index at once (their files are the
-        caller's to delete); pinned and in-flight records are never among them.
+        Every record of a tier is one slot, so all are the same size and one ``evict(n)``
+        call frees exactly enough. Victims leave the index at once and their slots are free
+        (a write into a slot invalidates the old header first); pinned and in-flight records
+        are never among them.
         """
         deficit = self.used_bytes + self.reserved_bytes + nbytes - limit
         if deficit <= 0:
             return []
-        if nbytes > limit:
-            return None
-        if not self._entries:
+        if nbytes > limit or not self._entries:
             return None
         unit = nbytes or next(iter(self._entries.values())).nbytes
         n = -(-deficit // unit)
@@ -87,27 +114,36 @@ class DiskIndex:
         for key, _status in chosen:
             entry = self._entries.pop(key)
             self.used_bytes -= entry.nbytes
+            self.release_slot(entry.slot)
             victims.append((key, entry))
         return victims
 
-    def begin_write(self, key: OffloadKey, path: str, nbytes: int) -> IndexEntry:
-        """Reserve ``nbytes`` for a record being written (never evictable while it is)."""
-        entry = IndexEntry(path, nbytes, self._status(-1))
+    def begin_write(self, key: OffloadKey, nbytes: int) -> IndexEntry | None:
+        """Reserve a slot and ``nbytes`` for a record being written (never evictable meanwhile).
+
+        ``None`` when no slot is free (the caller's :meth:`make_room` keeps that from happening
+        under a byte budget of whole slots).
+        """
+        taken = self._take_slot()
+        if taken is None:
+            return None
+        entry = IndexEntry(taken[0], nbytes, self._status(-1), fresh=taken[1])
         self._entries[key] = entry
         self.reserved_bytes += nbytes
         self.policy.insert(key, entry.status)
         return entry
 
-    def end_write(self, key: OffloadKey, ok: bool, mtime: float = 0.0) -> None:
+    def end_write(self, key: OffloadKey, ok: bool, written_ns: int = 0) -> None:
         """A write finished: its bytes count as used (still unreadable until published)."""
         entry = self._entries[key]
         self.reserved_bytes -= entry.nbytes
         if ok:
-            entry.mtime = mtime
+            entry.written_ns = written_ns
             self.used_bytes += entry.nbytes
         else:
             del self._entries[key]
             self.policy.remove(key)
+            self.release_slot(entry.slot)
 
     def publish(self, keys: list[OffloadKey]) -> None:
         """Make written records readable and evictable, in the order given.
@@ -116,8 +152,7 @@ class DiskIndex:
         policy sees the same order however the I/O threads finished.
         """
         for key in keys:
-            entry = self._entries[key]
-            entry.status.ref_cnt = 0
+            self._entries[key].status.ref_cnt = 0
             self.policy.mark_evictable(key)
 
     def begin_read(self, key: OffloadKey) -> IndexEntry | None:
@@ -131,7 +166,11 @@ class DiskIndex:
         return entry
 
     def end_read(self, key: OffloadKey, corrupt: bool) -> IndexEntry | None:
-        """Unpin; returns the entry when it must now be deleted (found corrupt)."""
+        """Unpin; returns the entry when it must now be erased (found corrupt, last reader).
+
+        The erased entry's slot is *not* free yet: the caller zeroes its header, then
+        calls :meth:`release_slot`.
+        """
         entry = self._entries[key]
         entry.status.ref_cnt -= 1
         if corrupt:
@@ -147,7 +186,10 @@ class DiskIndex:
         return None
 
     def remove_ready(self, key: OffloadKey) -> IndexEntry | None:
-        """Drop an unpinned record (a delete); ``None`` if it is pinned or being written."""
+        """Drop an unpinned record (a delete); ``None`` if it is pinned or being written.
+
+        As with :meth:`end_read`, the slot is released by the caller once its header is zeroed.
+        """
         entry = self._entries.get(key)
         if entry is None or entry.status.ref_cnt != 0:
             return None

@@ -3,28 +3,30 @@
 Why a class: fault injection (ENOSPC, EIO, short reads, a flipped byte) needs a seam that is
 not a monkeypatch of ``os``. Reads and writes are positional (``os.preadv`` / ``os.pwritev``)
 and take buffer lists, so a record's header and the host slot's ``memoryview`` go to or come
-from the file in one call with no intermediate copy of the payload.
+from the arena file in one call with no intermediate copy of the payload.
 """
 
 from __future__ import annotations
 
 import errno
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
-_OPEN_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
-_OPEN_READ = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
+_OPEN_ARENA = os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
 
 
 class FileLayer:
     """Thin wrappers over ``os``; subclass and override a method to inject a fault."""
 
-    def open_new(self, path: str) -> int:
-        """Create ``path`` exclusively for writing (a temporary record name)."""
-        return os.open(path, _OPEN_NEW, 0o644)
+    def open_arena(self, path: str) -> int:
+        """Open (creating if needed) the namespace's arena file for reads and writes."""
+        return os.open(path, _OPEN_ARENA, 0o644)
 
-    def open_read(self, path: str) -> int:
-        return os.open(path, _OPEN_READ)
+    def size(self, fd: int) -> int:
+        return os.fstat(fd).st_size
+
+    def truncate(self, fd: int, length: int) -> None:
+        os.ftruncate(fd, length)
 
     def pwritev(self, fd: int, buffers: Sequence[memoryview], offset: int) -> int:
         return os.pwritev(fd, buffers, offset)
@@ -32,32 +34,23 @@ class FileLayer:
     def preadv(self, fd: int, buffers: Sequence[memoryview], offset: int) -> int:
         return os.preadv(fd, buffers, offset)
 
-    def fsync(self, fd: int) -> None:
-        os.fsync(fd)
-
-    def close(self, fd: int) -> None:
-        os.close(fd)
-
-    def replace(self, src: str, dst: str) -> None:
-        os.replace(src, dst)
-
-    def unlink(self, path: str) -> None:
-        os.unlink(path)
-
-    def makedirs(self, path: str) -> None:
-        os.makedirs(path, exist_ok=True)
+    def fdatasync(self, fd: int) -> None:
+        """A write barrier: what was written before is on stable storage after."""
+        getattr(os, "fdatasync", os.fsync)(fd)
 
     def fsync_dir(self, path: str) -> None:
-        """Make a rename in ``path`` durable (the directory entry itself)."""
+        """Make the arena file's directory entry durable (once, when it is created)."""
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
         try:
             os.fsync(fd)
         finally:
             os.close(fd)
 
-    def scandir(self, path: str) -> Iterator[os.DirEntry[str]]:
-        with os.scandir(path) as entries:
-            yield from entries
+    def close(self, fd: int) -> None:
+        os.close(fd)
+
+    def makedirs(self, path: str) -> None:
+        os.makedirs(path, exist_ok=True)
 
     def free_bytes(self, path: str) -> int:
         """Bytes an unprivileged writer may still use on ``path``'s filesystem."""

@@ -10,7 +10,10 @@ page boundary (ready for ``O_DIRECT`` and for page-cache-friendly reads).
 Layout (little-endian)::
 
     magic 8s | version u16 | header_bytes u16 | checksum_kind u8 | flags u8 | key_len u16
-    | payload_len u64 | payload_checksum u64 | namespace 32s | header_crc u32 | key | zero pad
+    | payload_len u64 | payload_checksum u64 | written_ns u64 | namespace 32s | header_crc u32
+    | key | zero pad
+
+An all-zero header (no magic) is an empty slot of the arena file.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ FORMAT_VERSION = 1
 HEADER_BYTES = 4096
 NAMESPACE_BYTES = 32
 
-_FIXED = struct.Struct("<8sHHBBHQQ32s")
+_FIXED = struct.Struct("<8sHHBBHQQQ32s")
 _CRC = struct.Struct("<I")
 _KEY_OFFSET = _FIXED.size + _CRC.size
 MAX_KEY_BYTES = HEADER_BYTES - _KEY_OFFSET
@@ -86,6 +89,7 @@ class RecordHeader:
     payload_len: int
     checksum_kind: ChecksumKind
     payload_checksum: int
+    written_ns: int = 0
     header_bytes: int = HEADER_BYTES
     version: int = FORMAT_VERSION
 
@@ -101,6 +105,7 @@ def encode_header(
     payload_len: int,
     checksum_kind: ChecksumKind,
     payload_checksum: int,
+    written_ns: int = 0,
 ) -> bytes:
     """The :data:`HEADER_BYTES` header of a record (padded with zeros)."""
     if len(namespace) != NAMESPACE_BYTES:
@@ -116,6 +121,7 @@ def encode_header(
         len(key),
         payload_len,
         payload_checksum,
+        written_ns,
         namespace,
     )
     crc = zlib.crc32(key, zlib.crc32(fixed))
@@ -123,14 +129,28 @@ def encode_header(
     return head + bytes(HEADER_BYTES - len(head))
 
 
+def is_empty(buf: bytes | bytearray | memoryview) -> bool:
+    """True for a slot that holds no record (its magic bytes are zero)."""
+    return bytes(memoryview(buf)[: len(MAGIC)]) == bytes(len(MAGIC))
+
+
 def decode_header(buf: bytes | bytearray | memoryview) -> RecordHeader:
     """Parse and check a header; :class:`RecordError` says what is wrong with it."""
     view = memoryview(buf)
     if len(view) < _KEY_OFFSET:
         raise RecordError(f"header truncated: {len(view)} bytes")
-    magic, version, header_bytes, kind, _flags, key_len, payload_len, checksum, namespace = (
-        _FIXED.unpack_from(view)
-    )
+    (
+        magic,
+        version,
+        header_bytes,
+        kind,
+        _flags,
+        key_len,
+        payload_len,
+        checksum,
+        written_ns,
+        namespace,
+    ) = _FIXED.unpack_from(view)
     if magic != MAGIC:
         raise RecordError("bad magic: not a kvoffload record")
     if version != FORMAT_VERSION:
@@ -153,6 +173,7 @@ def decode_header(buf: bytes | bytearray | memoryview) -> RecordHeader:
         payload_len=payload_len,
         checksum_kind=checksum_kind,
         payload_checksum=checksum,
+        written_ns=written_ns,
     )
 
 
@@ -168,6 +189,7 @@ __all__ = [
     "checksum_function",
     "decode_header",
     "encode_header",
+    "is_empty",
     "resolve_checksum",
     "xxhash_available",
 ]

@@ -2,14 +2,24 @@
 
 What it fixes in the peers (``reference/tiering.md`` §1.5, §1.11, §2.5): a byte budget and a
 free-space floor (vLLM's fs tier has neither and never deletes a file), eviction by any registry
-policy with in-flight records pinned, self-describing records written to a temporary name and
-renamed (optionally fsynced), a warm restart that rebuilds the index from the directory (the
-LMCache and SGLang restart misses) and deletes temporary or torn files, a checksum verified on
+policy with in-flight records pinned, self-describing records whose header is written only after
+the payload (optionally with write barriers), a warm restart that rebuilds the index from the
+file (the LMCache and SGLang restart misses) and erases torn records, a checksum verified on
 every read (a bad record is a counted miss, never data), and per-key I/O tasks on a thread pool
-so one large batch uses every thread (vLLM runs one job serially on one thread).
+so one large batch uses every thread (vLLM runs a job serially on one thread).
 
-Layout: ``<path>/<namespace hex>/<key hex[:2]>/<key hex>.kv``; temporaries are
-``<final>.<pid>.<n>.tmp`` in the same directory so the rename is atomic.
+Layout: one arena file per namespace and block size, ``<path>/<namespace hex>/arena-<slot
+bytes>.kv``, cut into slots of ``4 KiB header + slot_bytes``. Every record of a tier is one
+host slot, so all records are the same size: a freed slot is reused in place and nothing ever
+needs compaction (why this is not an append-only log), and no file is created per record (a
+file per record was built and measured first: creating an inode cost 3-5 ms on this project's
+build machine, see ``benchmarks/disk_tier_bandwidth.py``).
+
+A write into a slot is ordered so that the header commits the record, the guarantee a
+temporary name plus rename gives a file: (1) zero the slot's old header, (2) write the payload,
+(3) write the new header. A process killed at any point leaves a slot that is empty, holds the
+old record whole (killed before 1), or holds the new one whole; a torn payload under a valid
+header cannot arise, and the checksums catch it anyway.
 """
 
 from __future__ import annotations
@@ -49,13 +59,13 @@ from kvoffload.tiers.disk.records import (
     checksum_function,
     decode_header,
     encode_header,
+    is_empty,
     resolve_checksum,
 )
 
 DURABILITIES = ("none", "rename", "fsync")
-RECORD_SUFFIX = ".kv"
-TEMP_SUFFIX = ".tmp"
 _FREE_SPACE_REFRESH_S = 0.25
+_ZERO_HEADER = bytes(HEADER_BYTES)
 
 
 def _check_int(name: str, value: object, minimum: int) -> int:
@@ -93,20 +103,23 @@ class _Job:
 
 
 class DiskTier(Tier):
-    """Records of host slots as files under ``path``, bounded by bytes and free space.
+    """Records of host slots in an arena file under ``path``, bounded by bytes and free space.
 
     Args:
         memory: the host slots puts read from and gets write into.
         path: the tier's root directory (created if missing); each namespace gets a subfolder.
-        capacity_bytes: the byte budget for records (header plus payload), >= one record.
+        capacity_bytes: the byte budget for records (4 KiB header plus payload each), at
+            least one record; the arena file never grows past it.
         namespace: a ``namespace_fingerprint`` (model, dtype, layout, ...) or any bytes/str;
             records of other namespaces are neither seen nor touched.
         policy: eviction policy name in the registry (or with ``policy_module_path``).
         policy_params: the policy's keyword tunables.
-        durability: ``"none"`` (write in place, no rename: fastest, a crash can leave a torn
-            record that the next scan deletes), ``"rename"`` (temporary name, then rename: a
-            killed process never leaves a torn record under a final name) or ``"fsync"``
-            (also fsync the file before and the directory after the rename: survives power loss).
+        durability: ``"none"`` (header and payload in one write: fastest; a killed process can
+            leave a torn record, which the checksum turns into a counted miss),
+            ``"rename"`` (the default: old header zeroed, payload, then header, so a killed
+            process never leaves a torn record; the name is the config value users of
+            tmp-and-rename file tiers know, with the same guarantee) or ``"fsync"`` (the same
+            with ``fdatasync`` barriers between the steps: survives power loss).
         min_free_bytes: keep at least this many bytes free on the filesystem (the budget
             shrinks when other writers fill the disk).
         io_threads: I/O threads; each key of a job is its own task.
@@ -145,6 +158,7 @@ class DiskTier(Tier):
         self.record_bytes = HEADER_BYTES + memory.slot_bytes
         self.capacity_bytes = _check_int("capacity_bytes", capacity_bytes, self.record_bytes)
         self.min_free_bytes = _check_int("min_free_bytes", min_free_bytes, 0)
+        io_threads = _check_int("io_threads", io_threads, 1)
         self.durability = durability
         self._checksum_kind = resolve_checksum(checksum)
         fn = checksum_function(self._checksum_kind)
@@ -156,22 +170,19 @@ class DiskTier(Tier):
         self.namespace = namespace_digest(namespace)
         self.root = os.fspath(path)
         self.directory = os.path.join(self.root, self.namespace.hex()[:32])
-        self.files.makedirs(self.directory)
+        # the slot size is part of the name: a tier of another block size is another arena
+        self.arena_path = os.path.join(self.directory, f"arena-{memory.slot_bytes}.kv")
+        max_slots = self.capacity_bytes // self.record_bytes
         policy_obj = create_cache_policy(
-            policy,
-            self.capacity_bytes // self.record_bytes,
-            module_path=policy_module_path,
-            params=dict(policy_params or {}),
+            policy, max_slots, module_path=policy_module_path, params=dict(policy_params or {})
         )
-        self._index = DiskIndex(policy_obj)
+        self._index = DiskIndex(policy_obj, max_slots)
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
         self._job_ids = itertools.count(1)
-        self._temp_ids = itertools.count(1)
         self._jobs: dict[int, _Job] = {}
         self._done: deque[TierResult] = deque()
         self._closed = False
-        self._made_dirs: set[str] = set()
         self._limit = self.capacity_bytes
         self._limit_at = -1.0
         self._local = threading.local()
@@ -191,20 +202,21 @@ class DiskTier(Tier):
                 "deletes",
                 "corrupt_records",
                 "torn_records",
-                "temp_removed",
-                "foreign_records",
                 "scanned_records",
                 "scan_seconds",
+                "erase_errors",
             ),
             0.0,
         )
         self._drops: dict[str, int] = {}
         self._get_failures: dict[str, int] = {}
         self._health = TierHealth(ok=True)
-        self._pool = ThreadPoolExecutor(
-            max_workers=_check_int("io_threads", io_threads, 1),
-            thread_name_prefix="kvoffload-disk",
-        )
+        self.files.makedirs(self.directory)
+        created = not os.path.exists(self.arena_path)
+        self._fd = self.files.open_arena(self.arena_path)
+        if created and durability == "fsync":
+            self.files.fsync_dir(self.directory)
+        self._pool = ThreadPoolExecutor(max_workers=io_threads, thread_name_prefix="kvoff-disk")
         self._recover()
 
     # ----------------------------------------------------------------- the contract
@@ -248,8 +260,7 @@ class DiskTier(Tier):
             limit = self._effective_limit()
             batch = set(keys_t)
             seen: set[OffloadKey] = set()
-            tasks: list[tuple[int, OffloadKey, int, IndexEntry]] = []
-            deletions: list[IndexEntry] = []
+            tasks: list[tuple[int, OffloadKey, int, IndexEntry, bool]] = []
             for i, (key, slot) in enumerate(zip(keys_t, slots_t, strict=True)):
                 reason = self._bad_key(key)
                 if reason is None and key in seen:
@@ -266,20 +277,16 @@ class DiskTier(Tier):
                         self._drop(job, i, "in_flight")
                     continue
                 victims = self._index.make_room(self.record_bytes, limit, batch)
-                if victims is None:
+                entry = None if victims is None else self._index.begin_write(key, self.record_bytes)
+                if victims is None or entry is None:
                     self._drop(job, i, "no_space")
                     continue
-                for victim_key, victim in victims:
-                    job.evicted.append(victim_key)
-                    deletions.append(victim)
+                job.evicted.extend(victim_key for victim_key, _ in victims)
                 self._stats["evictions"] += len(victims)
-                entry = self._index.begin_write(key, self._record_path(key), self.record_bytes)
-                tasks.append((i, key, slot, entry))
-            job.remaining = len(tasks) + len(deletions)
-            for victim in deletions:
-                self._pool.submit(self._run_unlink, job, victim.path)
-            for i, key, slot, entry in tasks:
-                self._pool.submit(self._run_put, job, i, key, slot, entry)
+                tasks.append((i, key, slot, entry, not entry.fresh))
+            job.remaining = len(tasks)
+            for task in tasks:
+                self._pool.submit(self._run_put, job, *task)
             return self._maybe_finish(job)
 
     def submit_get(
@@ -304,8 +311,8 @@ class DiskTier(Tier):
             if hit_keys:
                 self._index.policy.touch(reversed(hit_keys))
             job.remaining = len(tasks)
-            for i, key, slot, entry in tasks:
-                self._pool.submit(self._run_get, job, i, key, slot, entry)
+            for task in tasks:
+                self._pool.submit(self._run_get, job, *task)
             return self._maybe_finish(job)
 
     def submit_delete(self, keys: Sequence[OffloadKey], generation: int = 0) -> int:
@@ -315,10 +322,9 @@ class DiskTier(Tier):
             if self._closed:
                 self._fail_all(job, "closed")
                 return self._maybe_finish(job)
-            paths = []
+            erase = []
             for i, key in enumerate(keys_t):
-                entry = self._index.get(key)
-                if entry is None:
+                if self._index.get(key) is None:
                     job.ok[i] = True  # absent is gone
                     continue
                 removed = self._index.remove_ready(key)
@@ -327,10 +333,10 @@ class DiskTier(Tier):
                     continue
                 job.ok[i] = True
                 self._stats["deletes"] += 1
-                paths.append(removed.path)
-            job.remaining = len(paths)
-            for path in paths:
-                self._pool.submit(self._run_unlink, job, path)
+                erase.append(removed.slot)
+            job.remaining = len(erase)
+            for slot in erase:
+                self._pool.submit(self._run_erase, job, slot)
             return self._maybe_finish(job)
 
     def poll(self) -> list[TierResult]:
@@ -362,6 +368,7 @@ class DiskTier(Tier):
             out["capacity_bytes"] = float(self.capacity_bytes)
             out["effective_capacity_bytes"] = float(self._limit)
             out["records"] = float(len(self._index))
+            out["arena_slots"] = float(self._index.high_water)
             out["inflight_jobs"] = float(len(self._jobs))
             for reason, n in self._drops.items():
                 out[f"dropped_{reason}"] = float(n)
@@ -373,7 +380,7 @@ class DiskTier(Tier):
         """The records the index holds: what the start-up scan found plus stores since."""
         with self._lock:
             found = [
-                ScannedBlock(key, entry.nbytes, entry.mtime)
+                ScannedBlock(key, entry.nbytes, entry.written_ns / 1e9)
                 for key, entry in self._index.items()
                 if entry.status.ref_cnt >= 0 and not entry.doomed
             ]
@@ -386,7 +393,8 @@ class DiskTier(Tier):
                 return
             self._closed = True
         self.drain(timeout)
-        self._pool.shutdown(wait=True, cancel_futures=False)
+        self._pool.shutdown(wait=True)
+        self.files.close(self._fd)
 
     # ----------------------------------------------------------------- helpers
 
@@ -458,12 +466,12 @@ class DiskTier(Tier):
                 self._idle.notify_all()
         return job.job_id
 
-    def _record_path(self, key: bytes) -> str:
-        name = key.hex()
-        return os.path.join(self.directory, name[:2], name + RECORD_SUFFIX)
-
     def _effective_limit(self) -> int:
-        """min(budget, what the filesystem can still take above the free-space floor)."""
+        """min(budget, what the filesystem can still take above the free-space floor).
+
+        Slots below the arena's high-water mark are already allocated on disk, so only
+        growth past it needs free space.
+        """
         now = time.monotonic()
         if now - self._limit_at >= _FREE_SPACE_REFRESH_S:
             self._limit_at = now
@@ -472,8 +480,8 @@ class DiskTier(Tier):
             except OSError as exc:
                 self._health = TierHealth(ok=False, reason=f"statvfs failed: {exc}")
                 return self._limit
-            committed = self._index.used_bytes + self._index.reserved_bytes
-            headroom = committed + free - self.min_free_bytes
+            allocated = self._index.high_water * self.record_bytes
+            headroom = allocated + free - self.min_free_bytes
             self._limit = max(0, min(self.capacity_bytes, headroom))
         return self._limit
 
@@ -484,29 +492,25 @@ class DiskTier(Tier):
             self._local.header = buf
         return buf
 
-    def _ensure_dir(self, path: str) -> None:
-        parent = os.path.dirname(path)
-        if parent not in self._made_dirs:
-            self.files.makedirs(parent)
-            self._made_dirs.add(parent)
-
     # ----------------------------------------------------------------- I/O tasks (threads)
 
-    def _run_put(self, job: _Job, i: int, key: OffloadKey, slot: int, entry: IndexEntry) -> None:
+    def _run_put(
+        self, job: _Job, i: int, key: OffloadKey, slot: int, entry: IndexEntry, reused: bool
+    ) -> None:
         reason: str | None = "cancelled"
         t0 = time.perf_counter()
-        mtime = 0.0
+        written_ns = 0
         if not self._closed:
             try:
-                mtime = self._write_record(key, slot, entry.path)
+                written_ns = self._write_record(key, slot, entry.slot, reused)
                 reason = None
             except OSError as exc:
                 reason = "no_space" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else "io_error"
             except Exception:
-                reason = "io_error"
+                reason = "io_error"  # a fault must be a failed key, never escape
         seconds = time.perf_counter() - t0
         with self._lock:
-            self._index.end_write(key, reason is None, mtime)
+            self._index.end_write(key, reason is None, written_ns)
             if reason is None:
                 job.ok[i] = True
                 job.written.append(i)
@@ -519,83 +523,70 @@ class DiskTier(Tier):
             job.remaining -= 1
             self._maybe_finish(job)
 
-    def _write_record(self, key: OffloadKey, slot: int, path: str) -> float:
+    def _write_record(self, key: OffloadKey, slot: int, arena_slot: int, reused: bool) -> int:
+        """Write one record into its arena slot, header last; returns its timestamp."""
         view = self.memory.slot_view(slot)
-        checksum = self._checksum_fn(view)
-        header = encode_header(key, self.namespace, view.nbytes, self._checksum_kind, checksum)
-        self._ensure_dir(path)
-        files = self.files
-        target = path
-        if self.durability != "none":
-            target = f"{path}.{os.getpid()}.{next(self._temp_ids)}{TEMP_SUFFIX}"
-        fd = files.open_new(target) if target != path else self._open_in_place(path)
-        try:
-            try:
-                write_all(files, fd, [memoryview(header), view])
-                if self.durability == "fsync":
-                    files.fsync(fd)
-            finally:
-                files.close(fd)
-            if target != path:
-                files.replace(target, path)
-                if self.durability == "fsync":
-                    files.fsync_dir(os.path.dirname(path))
-        except BaseException:
-            with contextlib.suppress(OSError):
-                files.unlink(target)
-            raise
-        return time.time()
-
-    def _open_in_place(self, path: str) -> int:
-        try:
-            return self.files.open_new(path)
-        except FileExistsError:
-            self.files.unlink(path)  # a leftover the index does not know (e.g. torn)
-            return self.files.open_new(path)
+        written_ns = time.time_ns()
+        header = encode_header(
+            key,
+            self.namespace,
+            view.nbytes,
+            self._checksum_kind,
+            self._checksum_fn(view),
+            written_ns,
+        )
+        files, fd = self.files, self._fd
+        offset = arena_slot * self.record_bytes
+        if self.durability == "none":
+            write_all(files, fd, [memoryview(header), view], offset)
+            return written_ns
+        if reused:  # the old record dies before any of its bytes change
+            write_all(files, fd, [memoryview(_ZERO_HEADER)], offset)
+            if self.durability == "fsync":
+                files.fdatasync(fd)
+        write_all(files, fd, [view], offset + HEADER_BYTES)
+        if self.durability == "fsync":
+            files.fdatasync(fd)
+        write_all(files, fd, [memoryview(header)], offset)
+        if self.durability == "fsync":
+            files.fdatasync(fd)
+        return written_ns
 
     def _run_get(self, job: _Job, i: int, key: OffloadKey, slot: int, entry: IndexEntry) -> None:
         reason: str | None = "cancelled"
         t0 = time.perf_counter()
         if not self._closed:
             try:
-                reason = self._read_record(key, slot, entry.path)
-            except OSError as exc:
-                reason = "missing" if exc.errno == errno.ENOENT else "io_error"
-            except Exception:
+                reason = self._read_record(key, slot, entry.slot)
+            except OSError:
                 reason = "io_error"
+            except Exception:
+                reason = "io_error"  # a fault must be a failed key, never escape
         seconds = time.perf_counter() - t0
-        bad = reason in ("corrupt", "torn", "missing")
-        delete_path = None
+        bad = reason in ("corrupt", "torn")
         with self._lock:
             doomed = self._index.end_read(key, corrupt=bad)
-            if doomed is not None and reason != "missing":
-                delete_path = doomed.path
             if reason is None:
                 job.ok[i] = True
                 job.nbytes += self.memory.slot_bytes
                 self._stats["get_hits"] += 1
                 self._stats["bytes_read"] += self.memory.slot_bytes
             else:
-                if reason in ("corrupt", "torn"):
+                if bad:
                     self._stats["corrupt_records"] += 1
                 self._get_failed(job, i, reason)
             self._stats["read_seconds"] += seconds
-            if delete_path is not None:
+            if doomed is not None:
                 job.remaining += 1
-                self._pool.submit(self._run_unlink, job, delete_path)
+                self._pool.submit(self._run_erase, job, doomed.slot)
             job.remaining -= 1
             self._maybe_finish(job)
 
-    def _read_record(self, key: OffloadKey, slot: int, path: str) -> str | None:
-        """Read into the slot and verify; the reason it failed, or ``None``."""
+    def _read_record(self, key: OffloadKey, slot: int, arena_slot: int) -> str | None:
+        """Read into the host slot and verify; the reason it failed, or ``None``."""
         view = self.memory.slot_view(slot)
         header_buf = self._header_buffer()
-        files = self.files
-        fd = files.open_read(path)
-        try:
-            n = read_full(files, fd, [header_buf, view])
-        finally:
-            files.close(fd)
+        n = read_full(self.files, self._fd, [header_buf, view], arena_slot * self.record_bytes)
         if n != HEADER_BYTES + view.nbytes:
             return "torn"
         try:
@@ -613,104 +604,113 @@ class DiskTier(Tier):
             return "corrupt"
         return None
 
-    def _run_unlink(self, job: _Job, path: str) -> None:
+    def _run_erase(self, job: _Job, arena_slot: int) -> None:
+        """Zero a deleted or corrupt record's header, then free its slot."""
+        failed = False
         try:
-            self.files.unlink(path)
-        except FileNotFoundError:
-            pass
-        except OSError:
-            with self._lock:
-                self._stats["unlink_errors"] = self._stats.get("unlink_errors", 0.0) + 1
+            write_all(
+                self.files, self._fd, [memoryview(_ZERO_HEADER)], arena_slot * self.record_bytes
+            )
+            if self.durability == "fsync":
+                self.files.fdatasync(self._fd)
+        except Exception:
+            failed = True  # the slot stays out of use: its old header might still be valid
         with self._lock:
+            if failed:
+                self._stats["erase_errors"] += 1
+            else:
+                self._index.release_slot(arena_slot)
             job.remaining -= 1
             self._maybe_finish(job)
 
     # ----------------------------------------------------------------- warm restart
 
     def _recover(self) -> None:
-        """Rebuild the index from the directory, oldest record first (seeds the policy)."""
+        """Rebuild the index from the arena's headers, oldest record first (seeds the policy).
+
+        Torn or foreign headers are zeroed and counted; slots past the budget (it shrank) are
+        cut off the file; records over the effective limit are evicted by the policy.
+        """
         t0 = time.perf_counter()
-        found: list[tuple[float, OffloadKey, str, int]] = []
-        for sub in self._list(self.directory):
-            if not sub.is_dir(follow_symlinks=False):
+        files, fd = self.files, self._fd
+        try:
+            size = files.size(fd)
+        except OSError:
+            size = 0
+        whole = size // self.record_bytes
+        max_slots = self._index.max_slots
+        slots = min(whole, max_slots)
+        if size % self.record_bytes:
+            self._stats["torn_records"] += 1  # a trailing partial slot: a write cut short
+        found: list[tuple[int, OffloadKey, int]] = []
+        free: list[int] = []
+        header_buf = self._header_buffer()
+        for arena_slot in range(slots):
+            offset = arena_slot * self.record_bytes
+            try:
+                n = read_full(files, fd, [header_buf], offset)
+            except OSError:
+                n = -1
+            if n == HEADER_BYTES and is_empty(header_buf):
+                free.append(arena_slot)
                 continue
-            self._made_dirs.add(sub.path)
-            for item in self._list(sub.path):
-                self._consider(item, found)
-        found.sort(key=lambda f: (f[0], f[1]))
+            key_and_time = self._check_slot(header_buf, n, offset, size)
+            if key_and_time is None:
+                self._stats["torn_records"] += 1
+                self._zero_quietly(offset)
+                free.append(arena_slot)
+                continue
+            key, written_ns = key_and_time
+            found.append((written_ns, key, arena_slot))
+        if size != slots * self.record_bytes:
+            # cut a partial slot, or the slots past a budget that shrank, off the file
+            if whole > max_slots:
+                self._stats["evictions"] += whole - max_slots
+            with contextlib.suppress(OSError):
+                files.truncate(fd, slots * self.record_bytes)
+        found.sort()
+        seen: set[OffloadKey] = set()
         with self._lock:
-            for mtime, key, path, nbytes in found:
-                self._index.add_ready(key, path, nbytes, mtime)
+            for written_ns, key, arena_slot in found:
+                if key in seen:  # a duplicate from a crash between two writes: keep the newest
+                    old = self._index.remove_ready(key)
+                    if old is not None:
+                        self._zero_quietly(old.slot * self.record_bytes)
+                        free.append(old.slot)
+                seen.add(key)
+                self._index.add_ready(key, arena_slot, self.record_bytes, written_ns)
+            self._index.set_high_water(slots, free)
             self._stats["scanned_records"] = float(len(found))
             over = self._index.make_room(0, self._effective_limit(), ())
-            if over is None:  # cannot happen with nothing pinned; keep the scan result
-                over = []
-        for _key, entry in over:
-            self._unlink_quietly(entry.path)
-        with self._lock:
-            self._stats["evictions"] += len(over)
+            self._stats["evictions"] += len(over or ())
             self._stats["scan_seconds"] = time.perf_counter() - t0
 
-    def _list(self, path: str) -> list[os.DirEntry[str]]:
-        try:
-            return list(self.files.scandir(path))
-        except OSError:
-            return []
-
-    def _consider(
-        self, item: os.DirEntry[str], found: list[tuple[float, OffloadKey, str, int]]
-    ) -> None:
-        name = item.name
-        if name.endswith(TEMP_SUFFIX):
-            self._unlink_quietly(item.path)
-            self._stats["temp_removed"] += 1
-            return
-        if not name.endswith(RECORD_SUFFIX):
-            self._stats["foreign_records"] += 1  # not ours: leave it alone
-            return
-        key = self._check_record(item)
-        if key is None:
-            self._unlink_quietly(item.path)
-            self._stats["torn_records"] += 1
-            return
-        found.append((item.stat().st_mtime, key, item.path, self.record_bytes))
-
-    def _check_record(self, item: os.DirEntry[str]) -> OffloadKey | None:
-        """The record's key if its header, name and size are right (and payload if asked)."""
-        try:
-            if item.stat(follow_symlinks=False).st_size != self.record_bytes:
-                return None
-            fd = self.files.open_read(item.path)
-            try:
-                header_buf = self._header_buffer()
-                if read_full(self.files, fd, [header_buf]) != HEADER_BYTES:
-                    return None
-                header = decode_header(header_buf)
-                if header.namespace != self.namespace:
-                    return None
-                if header.payload_len != self.memory.slot_bytes:
-                    return None
-                if item.name != header.key.hex() + RECORD_SUFFIX:
-                    return None
-                if self.verify_on_scan:
-                    fn = checksum_function(header.checksum_kind)
-                    payload = bytearray(header.payload_len)
-                    n = read_full(self.files, fd, [memoryview(payload)], HEADER_BYTES)
-                    if (
-                        fn is None
-                        or n != header.payload_len
-                        or fn(payload) != (header.payload_checksum)
-                    ):
-                        return None
-            finally:
-                self.files.close(fd)
-        except (OSError, RecordError):
+    def _check_slot(
+        self, header_buf: memoryview, n: int, offset: int, size: int
+    ) -> tuple[OffloadKey, int] | None:
+        """The record's key and time if its header (and payload, if asked) are right."""
+        if n != HEADER_BYTES or offset + self.record_bytes > size:
             return None
-        return OffloadKey(header.key)
+        try:
+            header = decode_header(header_buf)
+        except RecordError:
+            return None
+        if header.namespace != self.namespace or header.payload_len != self.memory.slot_bytes:
+            return None
+        if self.verify_on_scan:
+            fn = checksum_function(header.checksum_kind)
+            payload = bytearray(header.payload_len)
+            try:
+                got = read_full(self.files, self._fd, [memoryview(payload)], offset + HEADER_BYTES)
+            except OSError:
+                return None
+            if fn is None or got != header.payload_len or fn(payload) != header.payload_checksum:
+                return None
+        return OffloadKey(header.key), header.written_ns
 
-    def _unlink_quietly(self, path: str) -> None:
+    def _zero_quietly(self, offset: int) -> None:
         with contextlib.suppress(OSError):
-            self.files.unlink(path)
+            write_all(self.files, self._fd, [memoryview(_ZERO_HEADER)], offset)
 
 
 __all__ = ["DURABILITIES", "DiskTier", "namespace_digest"]
