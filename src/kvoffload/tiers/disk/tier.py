@@ -66,6 +66,8 @@ from kvoffload.tiers.disk.records import (
 DURABILITIES = ("none", "rename", "fsync")
 _FREE_SPACE_REFRESH_S = 0.25
 _ZERO_HEADER = bytes(HEADER_BYTES)
+_ZERO_VIEW = memoryview(_ZERO_HEADER)
+_MAX_RUN = 256  # records per vectored call (two buffers each, under IOV_MAX = 1024)
 
 
 def _check_int(name: str, value: object, minimum: int) -> int:
@@ -100,6 +102,16 @@ class _Job:
     nbytes: int = 0
     evicted: list[OffloadKey] = field(default_factory=list)
     written: list[int] = field(default_factory=list)  # indices of keys written, to publish
+
+
+@dataclass(frozen=True)
+class _Item:
+    """One key of a job: its index in the job, host slot and index entry (arena slot)."""
+
+    index: int
+    key: OffloadKey
+    slot: int
+    entry: IndexEntry
 
 
 class DiskTier(Tier):
@@ -159,6 +171,7 @@ class DiskTier(Tier):
         self.capacity_bytes = _check_int("capacity_bytes", capacity_bytes, self.record_bytes)
         self.min_free_bytes = _check_int("min_free_bytes", min_free_bytes, 0)
         io_threads = _check_int("io_threads", io_threads, 1)
+        self._threads = io_threads
         self.durability = durability
         self._checksum_kind = resolve_checksum(checksum)
         fn = checksum_function(self._checksum_kind)
@@ -260,7 +273,7 @@ class DiskTier(Tier):
             limit = self._effective_limit()
             batch = set(keys_t)
             seen: set[OffloadKey] = set()
-            tasks: list[tuple[int, OffloadKey, int, IndexEntry, bool]] = []
+            tasks: list[_Item] = []
             for i, (key, slot) in enumerate(zip(keys_t, slots_t, strict=True)):
                 reason = self._bad_key(key)
                 if reason is None and key in seen:
@@ -283,10 +296,10 @@ class DiskTier(Tier):
                     continue
                 job.evicted.extend(victim_key for victim_key, _ in victims)
                 self._stats["evictions"] += len(victims)
-                tasks.append((i, key, slot, entry, not entry.fresh))
+                tasks.append(_Item(i, key, slot, entry))
             job.remaining = len(tasks)
-            for task in tasks:
-                self._pool.submit(self._run_put, job, *task)
+            for chunk in self._chunks(tasks):
+                self._pool.submit(self._run_put, job, chunk)
             return self._maybe_finish(job)
 
     def submit_get(
@@ -299,7 +312,7 @@ class DiskTier(Tier):
             if self._closed:
                 self._fail_all(job, "closed")
                 return self._maybe_finish(job)
-            tasks = []
+            tasks: list[_Item] = []
             hit_keys = []
             for i, (key, slot) in enumerate(zip(keys_t, slots_t, strict=True)):
                 entry = self._index.begin_read(key)
@@ -307,12 +320,12 @@ class DiskTier(Tier):
                     self._get_failed(job, i, "missing")
                     continue
                 hit_keys.append(key)
-                tasks.append((i, key, slot, entry))
+                tasks.append(_Item(i, key, slot, entry))
             if hit_keys:
                 self._index.policy.touch(reversed(hit_keys))
             job.remaining = len(tasks)
-            for task in tasks:
-                self._pool.submit(self._run_get, job, *task)
+            for chunk in self._chunks(tasks):
+                self._pool.submit(self._run_get, job, chunk)
             return self._maybe_finish(job)
 
     def submit_delete(self, keys: Sequence[OffloadKey], generation: int = 0) -> int:
@@ -494,15 +507,32 @@ class DiskTier(Tier):
 
     # ----------------------------------------------------------------- I/O tasks (threads)
 
-    def _run_put(
-        self, job: _Job, i: int, key: OffloadKey, slot: int, entry: IndexEntry, reused: bool
-    ) -> None:
+    def _chunks(self, items: list[_Item]) -> list[list[_Item]]:
+        """A job's keys as tasks: runs of adjacent arena slots, split across the threads.
+
+        Adjacent slots go to the file in one vectored call; a job is cut into at most about
+        ``io_threads`` tasks so one large batch still uses every thread.
+        """
+        if not items:
+            return []
+        items = sorted(items, key=lambda it: it.entry.slot)
+        per_task = min(_MAX_RUN, max(1, -(-len(items) // self._threads)))
+        chunks: list[list[_Item]] = [[items[0]]]
+        for item in items[1:]:
+            last = chunks[-1]
+            if item.entry.slot == last[-1].entry.slot + 1 and len(last) < per_task:
+                last.append(item)
+            else:
+                chunks.append([item])
+        return chunks
+
+    def _run_put(self, job: _Job, items: list[_Item]) -> None:
         reason: str | None = "cancelled"
         t0 = time.perf_counter()
         written_ns = 0
         if not self._closed:
             try:
-                written_ns = self._write_record(key, slot, entry.slot, reused)
+                written_ns = self._write_run(items)
                 reason = None
             except OSError as exc:
                 reason = "no_space" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else "io_error"
@@ -510,85 +540,110 @@ class DiskTier(Tier):
                 reason = "io_error"  # a fault must be a failed key, never escape
         seconds = time.perf_counter() - t0
         with self._lock:
-            self._index.end_write(key, reason is None, written_ns)
+            for item in items:
+                self._index.end_write(item.key, reason is None, written_ns)
+                if reason is None:
+                    job.ok[item.index] = True
+                    job.written.append(item.index)
+                    job.nbytes += self.memory.slot_bytes
+                else:
+                    self._drop(job, item.index, reason)
             if reason is None:
-                job.ok[i] = True
-                job.written.append(i)
-                job.nbytes += self.memory.slot_bytes
-                self._stats["stored"] += 1
-                self._stats["bytes_written"] += self.memory.slot_bytes
-            else:
-                self._drop(job, i, reason)
+                self._stats["stored"] += len(items)
+                self._stats["bytes_written"] += len(items) * self.memory.slot_bytes
             self._stats["write_seconds"] += seconds
-            job.remaining -= 1
+            job.remaining -= len(items)
             self._maybe_finish(job)
 
-    def _write_record(self, key: OffloadKey, slot: int, arena_slot: int, reused: bool) -> int:
-        """Write one record into its arena slot, header last; returns its timestamp."""
-        view = self.memory.slot_view(slot)
+    def _write_run(self, items: list[_Item]) -> int:
+        """Write records into adjacent arena slots, headers last; returns their timestamp.
+
+        Under ``rename`` and ``fsync`` one vectored write lays down zeroed headers and the
+        payloads in file order (so each old header dies before its payload changes), then the
+        real headers follow one by one: a record exists only once its header is written.
+        """
         written_ns = time.time_ns()
-        header = encode_header(
-            key,
-            self.namespace,
-            view.nbytes,
-            self._checksum_kind,
-            self._checksum_fn(view),
-            written_ns,
-        )
+        views = [self.memory.slot_view(item.slot) for item in items]
+        headers = [
+            memoryview(
+                encode_header(
+                    item.key,
+                    self.namespace,
+                    view.nbytes,
+                    self._checksum_kind,
+                    self._checksum_fn(view),
+                    written_ns,
+                )
+            )
+            for item, view in zip(items, views, strict=True)
+        ]
         files, fd = self.files, self._fd
-        offset = arena_slot * self.record_bytes
+        first = items[0].entry.slot * self.record_bytes
+        body: list[memoryview] = []
         if self.durability == "none":
-            write_all(files, fd, [memoryview(header), view], offset)
+            for header, view in zip(headers, views, strict=True):
+                body += (header, view)
+            write_all(files, fd, body, first)
             return written_ns
-        if reused:  # the old record dies before any of its bytes change
-            write_all(files, fd, [memoryview(_ZERO_HEADER)], offset)
-            if self.durability == "fsync":
-                files.fdatasync(fd)
-        write_all(files, fd, [view], offset + HEADER_BYTES)
+        for view in views:
+            body += (_ZERO_VIEW, view)
+        write_all(files, fd, body, first)
         if self.durability == "fsync":
             files.fdatasync(fd)
-        write_all(files, fd, [memoryview(header)], offset)
+        for item, header in zip(items, headers, strict=True):
+            write_all(files, fd, [header], item.entry.slot * self.record_bytes)
         if self.durability == "fsync":
             files.fdatasync(fd)
         return written_ns
 
-    def _run_get(self, job: _Job, i: int, key: OffloadKey, slot: int, entry: IndexEntry) -> None:
-        reason: str | None = "cancelled"
+    def _run_get(self, job: _Job, items: list[_Item]) -> None:
+        reasons: list[str | None] = ["cancelled"] * len(items)
         t0 = time.perf_counter()
         if not self._closed:
             try:
-                reason = self._read_record(key, slot, entry.slot)
-            except OSError:
-                reason = "io_error"
+                reasons = self._read_run(items)
             except Exception:
-                reason = "io_error"  # a fault must be a failed key, never escape
+                reasons = ["io_error"] * len(items)  # a fault is a failed key, never escapes
         seconds = time.perf_counter() - t0
-        bad = reason in ("corrupt", "torn")
         with self._lock:
-            doomed = self._index.end_read(key, corrupt=bad)
-            if reason is None:
-                job.ok[i] = True
-                job.nbytes += self.memory.slot_bytes
-                self._stats["get_hits"] += 1
-                self._stats["bytes_read"] += self.memory.slot_bytes
-            else:
-                if bad:
-                    self._stats["corrupt_records"] += 1
-                self._get_failed(job, i, reason)
+            for item, reason in zip(items, reasons, strict=True):
+                bad = reason in ("corrupt", "torn")
+                doomed = self._index.end_read(item.key, corrupt=bad)
+                if reason is None:
+                    job.ok[item.index] = True
+                    job.nbytes += self.memory.slot_bytes
+                    self._stats["get_hits"] += 1
+                    self._stats["bytes_read"] += self.memory.slot_bytes
+                else:
+                    if bad:
+                        self._stats["corrupt_records"] += 1
+                    self._get_failed(job, item.index, reason)
+                if doomed is not None:
+                    job.remaining += 1
+                    self._pool.submit(self._run_erase, job, doomed.slot)
             self._stats["read_seconds"] += seconds
-            if doomed is not None:
-                job.remaining += 1
-                self._pool.submit(self._run_erase, job, doomed.slot)
-            job.remaining -= 1
+            job.remaining -= len(items)
             self._maybe_finish(job)
 
-    def _read_record(self, key: OffloadKey, slot: int, arena_slot: int) -> str | None:
-        """Read into the host slot and verify; the reason it failed, or ``None``."""
-        view = self.memory.slot_view(slot)
-        header_buf = self._header_buffer()
-        n = read_full(self.files, self._fd, [header_buf, view], arena_slot * self.record_bytes)
-        if n != HEADER_BYTES + view.nbytes:
-            return "torn"
+    def _read_run(self, items: list[_Item]) -> list[str | None]:
+        """Read adjacent records into their host slots in one call, then verify each."""
+        views = [self.memory.slot_view(item.slot) for item in items]
+        header_bufs = memoryview(bytearray(HEADER_BYTES * len(items)))
+        body: list[memoryview] = []
+        for k, view in enumerate(views):
+            body += (header_bufs[k * HEADER_BYTES : (k + 1) * HEADER_BYTES], view)
+        n = read_full(self.files, self._fd, body, items[0].entry.slot * self.record_bytes)
+        out: list[str | None] = []
+        for k, (item, view) in enumerate(zip(items, views, strict=True)):
+            if n < (k + 1) * self.record_bytes:
+                out.append("torn")
+                continue
+            header_buf = header_bufs[k * HEADER_BYTES : (k + 1) * HEADER_BYTES]
+            out.append(self._verify(item.key, header_buf, view))
+        return out
+
+    def _verify(self, key: OffloadKey, header_buf: memoryview, view: memoryview) -> str | None:
+        """Why the record read into ``view`` is not ``key``'s bytes, or ``None`` if it is."""
         try:
             header = decode_header(header_buf)
         except RecordError:
