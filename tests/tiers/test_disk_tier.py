@@ -277,3 +277,39 @@ def test_a_jobs_records_enter_the_policy_tail_first_whatever_thread_finishes_fir
         put = _wait(tier, tier.submit_put([_key(999)], [0]))
         assert put.evicted == (keys[-1],)  # type: ignore[attr-defined]
         tier.close()
+
+
+def test_random_concurrent_jobs_never_serve_wrong_bytes_or_exceed_the_budget(
+    tmp_path: Path,
+) -> None:
+    """Many jobs in flight at once over few records: every hit is the stored bytes."""
+    rng = random.Random(7)
+    slot = 16 * 1024
+    memory = BytearraySlotMemory(slot, 64)
+    tier = _tier(memory, tmp_path, 6, io_threads=4, policy="arc")
+    content = {k: random.Random(k).randbytes(slot) for k in range(20)}
+    for step in range(60):
+        jobs = []
+        base = (step % 2) * 32
+        for j in range(4):
+            keys = rng.sample(range(20), rng.randint(1, 4))
+            slots = [base + j * 8 + n for n in range(len(keys))]
+            if rng.random() < 0.5:
+                for k, s in zip(keys, slots, strict=True):
+                    memory.slot_view(s)[:] = content[k]
+                jobs.append(("put", keys, slots, tier.submit_put([_key(k) for k in keys], slots)))
+            elif rng.random() < 0.8:
+                jobs.append(("get", keys, slots, tier.submit_get([_key(k) for k in keys], slots)))
+            else:
+                tier.submit_delete([_key(k) for k in keys])
+        assert tier.drain(10.0)
+        results = {r.job_id: r for r in tier.poll()}
+        for kind, keys, slots, job in jobs:
+            if kind == "get":
+                for k, s, ok in zip(keys, slots, results[job].ok, strict=True):
+                    if ok:
+                        assert bytes(memory.slot_view(s)) == content[k]
+        stats = tier.stats()
+        assert stats["used_bytes"] <= stats["capacity_bytes"] and stats["records"] <= 6
+    assert tier.stats()["get_hits"] > 0 and tier.stats()["evictions"] > 0
+    tier.close()
