@@ -23,7 +23,9 @@ import struct
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
+from types import ModuleType
 
+_xxhash: ModuleType | None
 try:  # optional: ~10x faster than crc32 on large payloads
     import xxhash as _xxhash
 except ImportError:  # pragma: no cover - depends on the environment
@@ -72,7 +74,8 @@ def checksum_function(kind: ChecksumKind) -> Callable[[memoryview], int] | None:
     if kind is ChecksumKind.CRC32:
         return zlib.crc32
     if kind is ChecksumKind.XXH3_64 and _xxhash is not None:
-        return _xxhash.xxh3_64_intdigest  # type: ignore[no-any-return]
+        fn: Callable[[memoryview], int] = _xxhash.xxh3_64_intdigest
+        return fn
     return None
 
 

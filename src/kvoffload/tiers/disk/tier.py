@@ -759,7 +759,11 @@ class DiskTier(Tier):
                 got = read_full(self.files, self._fd, [memoryview(payload)], offset + HEADER_BYTES)
             except OSError:
                 return None
-            if fn is None or got != header.payload_len or fn(payload) != header.payload_checksum:
+            if (
+                fn is None
+                or got != header.payload_len
+                or fn(memoryview(payload)) != header.payload_checksum
+            ):
                 return None
         return OffloadKey(header.key), header.written_ns
 
