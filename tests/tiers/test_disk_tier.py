@@ -148,7 +148,24 @@ def test_free_space_floor_shrinks_the_budget(tmp_path: Path) -> None:
     # 5 records free minus a floor of 3: the tier keeps 2 however many it is offered
     assert tier.stats()["records"] == 2
     assert stored == 6  # older records were evicted to make room
+    assert tier.health().ok
     tier.close()
+    files.free = 0  # another writer filled the disk: the arena may not grow
+    (arena,) = tmp_path.rglob("*.kv")
+    size = arena.stat().st_size
+    full = _tier(memory, tmp_path, 100, files=files, min_free_bytes=3 * (HEADER_BYTES + 1024))
+    assert full.stats()["records"] == 2 and full.health().ok  # its own slots still serve
+    for i in range(10, 13):
+        assert _wait(full, full.submit_put([_key(i)], [0])).all_ok  # type: ignore[attr-defined]
+    assert arena.stat().st_size == size and full.stats()["records"] == 2
+    full.close()
+    empty_dir = tmp_path / "empty"
+    none_fit = _tier(memory, empty_dir, 100, files=files, min_free_bytes=1)
+    assert not none_fit.health().ok and "min_free_bytes" in none_fit.health().reason
+    put = _wait(none_fit, none_fit.submit_put([_key(1)], [0]))
+    assert put.reasons == {0: "no_space"}  # type: ignore[attr-defined]
+    none_fit.close()
+    full.close()
 
 
 def test_warm_restart_seeds_the_policy_oldest_first(tmp_path: Path) -> None:

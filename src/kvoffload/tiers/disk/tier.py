@@ -371,7 +371,11 @@ class DiskTier(Tier):
             return True
 
     def health(self) -> TierHealth:
-        return self._health
+        """Not ok when the filesystem cannot be queried or is below the free-space floor."""
+        with self._lock:
+            if self._health.ok and self._effective_limit() < self.record_bytes:
+                return TierHealth(ok=False, reason="no slot fits above min_free_bytes")
+            return self._health
 
     def stats(self) -> dict[str, float]:
         with self._lock:
@@ -483,7 +487,7 @@ class DiskTier(Tier):
         """min(budget, what the filesystem can still take above the free-space floor).
 
         Slots below the arena's high-water mark are already allocated on disk, so only
-        growth past it needs free space.
+        growth past it needs free space: the tier never takes the filesystem below the floor.
         """
         now = time.monotonic()
         if now - self._limit_at >= _FREE_SPACE_REFRESH_S:
@@ -494,8 +498,10 @@ class DiskTier(Tier):
                 self._health = TierHealth(ok=False, reason=f"statvfs failed: {exc}")
                 return self._limit
             allocated = self._index.high_water * self.record_bytes
-            headroom = allocated + free - self.min_free_bytes
-            self._limit = max(0, min(self.capacity_bytes, headroom))
+            # slots the file already holds cost no more space; only growth must stay above
+            # the floor (evicting a record frees a slot, not disk space)
+            headroom = allocated + max(0, free - self.min_free_bytes)
+            self._limit = min(self.capacity_bytes, headroom)
         return self._limit
 
     def _header_buffer(self) -> memoryview:
