@@ -413,3 +413,69 @@ def test_bad_arguments_are_clear_errors(standalone_url: str) -> None:
         tier.close()
     with pytest.raises(RuntimeError, match="closed"):
         tier.contains([b"x"])  # type: ignore[list-item]
+
+
+def _make_tls_files(directory: Path) -> dict[str, Path]:
+    """A throwaway CA and a server certificate for 127.0.0.1 (openssl CLI)."""
+    files = {n: directory / n for n in ("ca.key", "ca.crt", "srv.key", "srv.csr", "srv.crt")}
+    ext = directory / "san.ext"
+    ext.write_text("subjectAltName=IP:127.0.0.1\n")
+
+    def run(*args: str) -> None:
+        subprocess.run(["openssl", *args], check=True, capture_output=True, timeout=60)
+
+    run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=test-ca",
+        "-keyout", str(files["ca.key"]), "-out", str(files["ca.crt"]))
+    run("req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=127.0.0.1",
+        "-keyout", str(files["srv.key"]), "-out", str(files["srv.csr"]))
+    run("x509", "-req", "-in", str(files["srv.csr"]), "-CA", str(files["ca.crt"]),
+        "-CAkey", str(files["ca.key"]), "-CAcreateserial", "-days", "1",
+        "-extfile", str(ext), "-out", str(files["srv.crt"]))
+    return files
+
+
+def test_tls_with_a_ca_file(tmp_path: Path) -> None:
+    import shutil as _shutil
+
+    if _shutil.which("openssl") is None:
+        pytest.skip("openssl is not installed")
+    files = _make_tls_files(tmp_path)
+    server = RedisProcess(
+        None,
+        "--tls-cert-file", str(files["srv.crt"]),
+        "--tls-key-file", str(files["srv.key"]),
+        "--tls-ca-cert-file", str(files["ca.crt"]),
+        "--tls-auth-clients", "no",
+    )
+    server.extra = (*server.extra, "--tls-port", str(server.port))
+    tls_port = server.port
+    server.port = 0  # plain TCP off: TLS only
+    try:
+        server.proc = subprocess.Popen(
+            ["redis-server", "--port", "0", "--bind", "127.0.0.1", "--dir", str(server.dir),
+             "--save", "", *server.extra],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        url = f"rediss://127.0.0.1:{tls_port}/0"
+        memory = BytearraySlotMemory(SLOT, 2)
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                tier = RedisTier(memory, url, namespace="tls", ssl_ca_certs=str(files["ca.crt"]))
+                break
+            except ConnectionError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+        (key,) = fresh_keys(1)
+        fill(memory, [key], [0])
+        tier.submit_put([key], [0])
+        assert wait(tier)[0].all_ok
+        tier.submit_get([key], [1])
+        assert wait(tier)[0].all_ok
+        assert bytes(memory.slot_view(1)) == pattern(key)
+        tier.close()
+        with pytest.raises(ConnectionError):  # a server whose certificate we cannot verify
+            RedisTier(memory, url, namespace="tls", ssl_ca_certs=str(files["srv.crt"]))
+    finally:
+        server.close()

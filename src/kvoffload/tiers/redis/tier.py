@@ -271,8 +271,9 @@ class RedisTier(Tier):
             "ssl_certfile": ssl_certfile,
             "ssl_keyfile": ssl_keyfile,
         }
-        if any(tls.values()):
-            kwargs["ssl"] = True
+        if any(tls.values()):  # TLS files imply TLS: rediss:// selects redis-py's SSL connection
+            if url.startswith("redis://"):
+                url = "rediss://" + url[len("redis://") :]
             kwargs.update({k: v for k, v in tls.items() if v})
         if cluster:
             from redis.cluster import RedisCluster
