@@ -479,3 +479,26 @@ def test_tls_with_a_ca_file(tmp_path: Path) -> None:
             RedisTier(memory, url, namespace="tls", ssl_ca_certs=str(files["srv.crt"]))
     finally:
         server.close()
+
+
+@pytest.mark.parametrize("mode", ["standalone", "cluster"])
+def test_the_tier_conformance_suite(mode: str, request: pytest.FixtureRequest) -> None:
+    """The contract every tier keeps (the budget checks belong to the server's maxmemory)."""
+    from kvoffload.testing.tiers import check_tier_conformance
+
+    url = request.getfixturevalue(f"{mode}_url")
+    made: list[RedisTier] = []
+
+    def make(memory: BytearraySlotMemory, records: int) -> RedisTier:
+        tier = RedisTier(
+            memory, url, cluster=mode == "cluster", prefix=f"conf-{uuid.uuid4().hex[:12]}",
+            namespace="conformance", lookup="sync",
+        )
+        made.append(tier)
+        return tier
+
+    try:
+        check_tier_conformance(make, client_budget=False)
+    finally:
+        for tier in made:
+            tier.close()

@@ -319,14 +319,23 @@ ALL_CHECKS: tuple[Callable[[TierMaker], None], ...] = (
 )
 
 
-def check_tier_conformance(make_tier: TierMaker) -> None:
-    """Run every check, each on a fresh tier from ``make_tier``; raise on the first failure."""
+BUDGET_CHECKS = (check_budget, check_in_flight_not_evicted)
+
+
+def check_tier_conformance(make_tier: TierMaker, *, client_budget: bool = True) -> None:
+    """Run every check, each on a fresh tier from ``make_tier``; raise on the first failure.
+
+    ``client_budget=False`` is for a shared store whose byte budget and eviction belong to
+    the server (Redis ``maxmemory``): the two budget checks are left out.
+    """
     for check in ALL_CHECKS:
-        check(make_tier)
+        if client_budget or check not in BUDGET_CHECKS:
+            check(make_tier)
 
 
 __all__ = [
     "ALL_CHECKS",
+    "BUDGET_CHECKS",
     "SLOT_BYTES",
     "GatedSlotMemory",
     "TierConformanceError",

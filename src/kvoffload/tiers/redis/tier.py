@@ -228,7 +228,7 @@ class RedisTier(Tier):
         self._lock = threading.Lock()
         self._pool = cf.ThreadPoolExecutor(workers, thread_name_prefix="kvoffload-redis")
         self._lookup_pool = cf.ThreadPoolExecutor(1, thread_name_prefix="kvoffload-redis-lookup")
-        self._futures: set[cf.Future[None]] = set()
+        self._futures: dict[cf.Future[None], tuple[int, JobKind, list[OffloadKey], int]] = {}
         self._done: collections.deque[TierResult] = collections.deque()
         self._next_job = 0
         self._inflight_bytes = 0
@@ -459,7 +459,12 @@ class RedisTier(Tier):
         if len(keys) != len(slots):
             raise ValueError(f"{len(keys)} keys but {len(slots)} slots")
 
-    def _launch(self, job: Callable[[], TierResult], reserved: int = 0) -> None:
+    def _launch(
+        self,
+        job: Callable[[], TierResult],
+        meta: tuple[int, JobKind, list[OffloadKey], int],
+        reserved: int = 0,
+    ) -> None:
         def run() -> None:
             try:
                 result = job()
@@ -471,12 +476,17 @@ class RedisTier(Tier):
 
         future = self._pool.submit(run)
         with self._lock:
-            self._futures.add(future)
+            self._futures[future] = meta
         future.add_done_callback(self._forget)
 
     def _forget(self, future: cf.Future[None]) -> None:
         with self._lock:
-            self._futures.discard(future)
+            meta = self._futures.pop(future, None)
+        if future.cancelled():  # closed before it ran: still reported, once, as failed
+            if meta is not None:
+                job_id, kind, keys, generation = meta
+                self._done.append(self._failed(job_id, kind, keys, generation, "cancelled"))
+            return
         exc = future.exception()
         if exc is not None:  # a bug in a job: never lose the job, but show the bug
             logger.error("redis tier job raised", exc_info=exc)
@@ -512,7 +522,11 @@ class RedisTier(Tier):
         elif over:
             self._done.append(self._failed(job_id, JobKind.PUT, keys, generation, "backpressure"))
         else:
-            self._launch(lambda: self._run_put(job_id, keys, slots, generation), nbytes)
+            self._launch(
+                lambda: self._run_put(job_id, keys, slots, generation),
+                (job_id, JobKind.PUT, keys, generation),
+                nbytes,
+            )
         return job_id
 
     def submit_get(
@@ -529,7 +543,10 @@ class RedisTier(Tier):
         if not self._is_cluster and not self._available():
             self._done.append(self._failed(job_id, JobKind.GET, keys, generation, "unavailable"))
         else:
-            self._launch(lambda: self._run_get(job_id, keys, slots, generation))
+            self._launch(
+                lambda: self._run_get(job_id, keys, slots, generation),
+                (job_id, JobKind.GET, keys, generation),
+            )
         return job_id
 
     def submit_delete(self, keys: Sequence[OffloadKey], generation: int = 0) -> int:
@@ -540,7 +557,10 @@ class RedisTier(Tier):
         if not self._available():
             self._done.append(self._failed(job_id, JobKind.DELETE, keys, generation, "unavailable"))
         else:
-            self._launch(lambda: self._run_delete(job_id, keys, generation))
+            self._launch(
+                lambda: self._run_delete(job_id, keys, generation),
+                (job_id, JobKind.DELETE, keys, generation),
+            )
         return job_id
 
     def _pieces(self, count: int, per_item: int) -> Iterator[range]:
