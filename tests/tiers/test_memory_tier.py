@@ -130,3 +130,10 @@ def test_arguments_are_checked() -> None:
         tier.submit_get([key(0), key(1)], [0, 0])
     with pytest.raises(ValueError, match="slot must be"):
         tier.submit_put([key(0)], [3])
+
+
+def test_registered_by_name() -> None:
+    from kvoffload.tiers.registry import available_tiers, get_tier_cls
+
+    assert "memory" in available_tiers()
+    assert get_tier_cls("memory") is MemoryTier
