@@ -37,10 +37,10 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from kvoffload.layout import KVCacheLayout
+from kvoffload.transfer.factory import create_transfer_worker
 from kvoffload.transfer.host import HostBuffer
-from kvoffload.transfer.layout import KVCacheLayout
 from kvoffload.transfer.views import block_views, host_region_views, host_words
-from kvoffload.transfer.worker import create_transfer_worker
 
 KV_HEADS, HEAD_SIZE = 8, 128
 

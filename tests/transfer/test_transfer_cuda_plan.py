@@ -16,9 +16,9 @@ torch = pytest.importorskip("torch")
 
 from transfer_helpers import SHAPES, block_bytes, expected_slot, make_caches, slot_bytes  # noqa: E402
 
+from kvoffload.layout import KVCacheLayout, KVTensorLayout  # noqa: E402
 from kvoffload.transfer.cuda_worker import CudaTransferWorker, slot_runs  # noqa: E402
 from kvoffload.transfer.host import HostBuffer  # noqa: E402
-from kvoffload.transfer.layout import KVCacheLayout, KVTensorLayout  # noqa: E402
 from kvoffload.transfer.views import word_dtype  # noqa: E402
 from kvoffload.transfer.worker import TransferPart, TransferWorker  # noqa: E402
 

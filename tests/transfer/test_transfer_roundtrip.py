@@ -18,9 +18,9 @@ from transfer_helpers import (  # noqa: E402
     slot_bytes,
 )
 
+from kvoffload.layout import KVCacheLayout, KVTensorLayout  # noqa: E402
+from kvoffload.transfer.factory import create_transfer_worker  # noqa: E402
 from kvoffload.transfer.host import HostBuffer  # noqa: E402
-from kvoffload.transfer.layout import KVCacheLayout, KVTensorLayout  # noqa: E402
-from kvoffload.transfer.worker import create_transfer_worker  # noqa: E402
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 

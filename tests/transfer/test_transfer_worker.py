@@ -11,11 +11,12 @@ torch = pytest.importorskip("torch")
 
 from transfer_helpers import expected_slot, make_caches, slot_bytes  # noqa: E402
 
+from kvoffload.layout import KVCacheLayout, KVTensorLayout  # noqa: E402
 from kvoffload.transfer import cpu_worker  # noqa: E402
 from kvoffload.transfer.cpu_worker import RowRuns  # noqa: E402
+from kvoffload.transfer.factory import create_transfer_worker  # noqa: E402
 from kvoffload.transfer.host import HostBuffer  # noqa: E402
-from kvoffload.transfer.layout import KVCacheLayout, KVTensorLayout  # noqa: E402
-from kvoffload.transfer.worker import TransferWorker, create_transfer_worker  # noqa: E402
+from kvoffload.transfer.worker import TransferWorker  # noqa: E402
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 

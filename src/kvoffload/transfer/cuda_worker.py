@@ -25,8 +25,8 @@ from collections.abc import Iterator, Mapping, Sequence
 
 import torch
 
+from kvoffload.layout import HostSlotLayout, KVCacheLayout
 from kvoffload.transfer.host import HostBuffer
-from kvoffload.transfer.layout import HostSlotLayout, KVCacheLayout
 from kvoffload.transfer.views import word_dtype
 from kvoffload.transfer.worker import STORE, TransferJob, TransferPart, TransferWorker
 
