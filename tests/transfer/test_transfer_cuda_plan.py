@@ -72,6 +72,35 @@ def test_store_and_load_plans_are_byte_exact(kind: str, bpc: int) -> None:
                 )
 
 
+@pytest.mark.parametrize("bpc", [1, 2])
+@pytest.mark.parametrize("kind", sorted(SHAPES))
+def test_direct_copy_mode_is_byte_exact(kind: str, bpc: int) -> None:
+    """The per-page baseline the benchmark compares against moves the same bytes."""
+    rng = random.Random(10 + bpc)
+    caches = make_caches(kind, torch.float16, blocks=16, seed=bpc)
+    original = [c.clone() for c in caches]
+    layout = KVCacheLayout.from_tensors(caches, kind)
+    slots = layout.slot_layout(bpc)
+    host = HostBuffer(slots.slot_bytes, 6, pin=False)
+    worker = _plan(layout, caches, host, batch=1, bpc=bpc)
+    chunk_slots = [5, 0, 3]
+    blocks = rng.sample(range(16), 3 * bpc)
+    worker._direct_part(TransferPart(0, chunk_slots, blocks), to_host=True)
+    for i, s in enumerate(chunk_slots):
+        want = expected_slot(layout, slots, original, 0, blocks[i * bpc : (i + 1) * bpc])
+        assert slot_bytes(host, s, len(want)) == want
+    targets = rng.sample(range(16), 3 * bpc)
+    for c in caches:
+        c.view(torch.int16).fill_(0)
+    worker._direct_part(TransferPart(0, chunk_slots, targets), to_host=False)
+    for t in range(len(caches)):
+        for view in range(layout.tensors[t].num_views):
+            for src, dst in zip(blocks, targets, strict=True):
+                assert block_bytes(layout, caches, t, view, dst) == block_bytes(
+                    layout, original, t, view, src
+                )
+
+
 def test_padded_slots_move_only_the_group_chunk() -> None:
     gen = torch.Generator().manual_seed(2)
     small = torch.randint(0, 256, (10, 4, 2), dtype=torch.uint8, generator=gen)
