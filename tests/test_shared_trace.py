@@ -4,6 +4,7 @@ one notice (with how to get it) when the tests that need it skip."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -55,6 +56,6 @@ def test_a_run_without_the_trace_prints_one_notice_with_how_to_get_it(tmp_path: 
     out = run.stdout
     assert run.returncode == 0, out + run.stderr
     assert "2 skipped" in out
-    assert out.count("shared trace missing") == 1
+    assert len(re.findall(r"^=+ shared trace missing =+$", out, flags=re.M)) == 1
     assert "2 tests that replay the shared Mooncake synthetic trace were skipped" in out
     assert f"export {TRACE_ENV}=" in out and "curl -L -o" in out
