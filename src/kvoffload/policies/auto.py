@@ -9,8 +9,10 @@ leader when all of these hold (the hysteresis that keeps it from flapping):
 
 * the shadows have seen ``warmup_windows`` windows;
 * the leader beats the active candidate by more than ``margin + relative_margin * active``
-  plus ``z`` standard errors of the difference of two hit ratios over the recent accesses
-  (sampled estimates of a few hundred hits are noisy; this keeps noise from switching);
+  (hit ratio over the recent sampled accesses), and significantly: on the recent accesses
+  where exactly one of the two hit, the leader's surplus exceeds ``z`` standard deviations
+  of a fair coin's (a sign test; both miniatures see the same accesses, so this is the
+  noise that matters);
 * it did so in ``patience`` consecutive windows;
 * at least ``min_dwell`` windows have passed since the last switch; each switch back to a
   candidate that was left before doubles that dwell.
@@ -101,7 +103,7 @@ class AutoCachePolicy(CachePolicy):
         patience: int = 2,
         min_dwell: int = 4,
         warmup_windows: int = 2,
-        z: float = 1.0,
+        z: float = 2.0,
     ) -> None:
         super().__init__(cache_capacity)
         specs = _parse_candidates(candidates)
@@ -162,14 +164,22 @@ class AutoCachePolicy(CachePolicy):
         ratios = shadows.recent_hit_ratios()
         names = self.candidate_names
         values = [ratios[name] for name in names]
-        best = max(range(len(values)), key=values.__getitem__)
-        current = values[self._active_index]
-        mean = (values[best] + current) / 2
+        active = self._active_index
+        current = values[active]
         n = max(shadows.recent_accesses, 1.0)
-        noise = self.z * math.sqrt(2.0 * mean * (1.0 - mean) / n)
-        if best == self._active_index or values[best] - current <= (
-            self.margin + self.relative_margin * current + noise
-        ):
+        best, best_lead = -1, 0.0
+        for index in range(len(names)):
+            if index == active:
+                continue
+            wins, losses = shadows.paired(index, active)
+            lead = (wins - losses) / n
+            if (
+                wins - losses > self.z * math.sqrt(wins + losses)
+                and lead > self.margin + self.relative_margin * current
+                and lead > best_lead
+            ):
+                best, best_lead = index, lead
+        if best < 0:
             self._streak = 0
             return
         self._streak += 1

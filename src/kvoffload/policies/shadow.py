@@ -12,6 +12,9 @@ with ``evict(1, {key})`` and is inserted and completed at once. They therefore e
 hit ratios; a prefix cache's usable hit ratio is within a few thousandths of it for most
 policies (``benchmarks/shadow_error.py`` measures both).
 
+Parameters a policy counts in accesses (MQ's ``lifetime``, ``kvaware``'s ``decay_window``;
+see :data:`ACCESS_COUNT_PARAMS`) are scaled by the rate too, as SHARDS scales the capacity.
+
 Small caches make small miniatures, and a miniature of a few blocks says little:
 ``min_shadow_blocks`` raises the rate for them (fixed-size SHARDS), up to every key.
 
@@ -49,6 +52,30 @@ def sampling_rate(capacity: int, sample_rate: float, min_shadow_blocks: int) -> 
 
 
 CandidateSpec = str | tuple[str, Mapping[str, object]]
+
+#: Parameters counted in accesses (or inserts), by policy: a miniature sees ``rate`` times the
+#: accesses, so it gets them scaled by ``rate`` (from the full-size policy's resolved value),
+#: or its clocks would run ``1 / rate`` times slow and it would decide like a bigger cache.
+ACCESS_COUNT_PARAMS: dict[str, tuple[str, ...]] = {
+    "mq": ("lifetime",),
+    "kvaware": ("decay_window",),
+}
+
+
+def scaled_params(
+    name: str, params: Mapping[str, object], capacity: int, rate: float
+) -> dict[str, object]:
+    """``params`` for a miniature of policy ``name``: access-count parameters times ``rate``."""
+    out = dict(params)
+    counted = ACCESS_COUNT_PARAMS.get(name, ())
+    if not counted or rate >= 1.0:
+        return out
+    full = create_cache_policy(name, capacity, None, dict(params))
+    for attr in counted:
+        value = getattr(full, attr)
+        if isinstance(value, int) and not isinstance(value, bool):
+            out[attr] = max(1, round(value * rate))
+    return out
 
 
 def candidate_name(spec: CandidateSpec) -> str:
@@ -90,18 +117,19 @@ class _Miniature:
         self.hits = 0
         self.window_hits = 0
 
-    def access(self, key: OffloadKey, ctx: ReqContext | None) -> None:
+    def access(self, key: OffloadKey, ctx: ReqContext | None) -> bool:
+        """One access; True on a hit."""
         policy = self.policy
         one = [key]
         if policy.get(key) is not None:
             self.hits += 1
             self.window_hits += 1
             policy.touch(one, ctx)
-            return
+            return True
         policy.touch(one, ctx)
         capacity = policy.cache_capacity
         if capacity <= 0:
-            return
+            return False
         if self.next_slot < capacity:
             status = BlockStatus(self.next_slot, -1)
             self.next_slot += 1
@@ -111,12 +139,13 @@ class _Miniature:
         else:
             victims = policy.evict(1, one)
             if not victims:  # cannot happen without pins; count the access as a miss
-                return
+                return False
             status = victims[0][1]
             status.ref_cnt = -1
         policy.insert(key, status, ctx)
         status.ref_cnt = 0
         policy.mark_evictable(key)
+        return False
 
     def clear(self) -> None:
         self.policy.clear()
@@ -208,7 +237,15 @@ class ShadowEvaluator:
         if len(set(self.names)) != len(self.names):
             raise ValueError(f"candidates must be distinct, got {self.names}")
         self._minis = [
-            _Miniature(label, create_cache_policy(name, self.shadow_capacity, None, params))
+            _Miniature(
+                label,
+                create_cache_policy(
+                    name,
+                    self.shadow_capacity,
+                    None,
+                    scaled_params(name, params, capacity, self.rate),
+                ),
+            )
             for label, (name, params) in zip(self.names, specs, strict=True)
         ]
         self._id = id(self)
@@ -218,6 +255,8 @@ class ShadowEvaluator:
         self._recent_hits = [0.0] * len(self._minis)
         self._recent_accesses = 0.0
         self.windows = 0  # completed windows
+        # _wins[i][j]: decayed count of sampled accesses that candidate i hit and j missed.
+        self._wins = [[0.0] * len(self._minis) for _ in self._minis]
 
     # --------------------------------------------------------------- feeding
     def _contexts(self, ctx: ReqContext | None) -> list[ReqContext] | list[None]:
@@ -251,9 +290,16 @@ class ShadowEvaluator:
             return 0
         contexts = self._contexts(ctx)
         minis = self._minis
+        wins = self._wins
         for key in picked:
-            for mini, mctx in zip(minis, contexts, strict=True):
-                mini.access(key, mctx)
+            hit = [mini.access(key, mctx) for mini, mctx in zip(minis, contexts, strict=True)]
+            if any(hit) and not all(hit):  # the candidates disagree: a paired observation
+                for i, hit_i in enumerate(hit):
+                    if hit_i:
+                        row = wins[i]
+                        for j, hit_j in enumerate(hit):
+                            if not hit_j:
+                                row[j] += 1.0
             self.accesses += 1
             self._window_accesses += 1
             if self._window_accesses >= self.window:
@@ -267,6 +313,9 @@ class ShadowEvaluator:
             mini.window_hits = 0
         self._recent_accesses = self._recent_accesses * decay + self._window_accesses
         self._window_accesses = 0
+        for row in self._wins:
+            for j in range(len(row)):
+                row[j] *= decay
         self.windows += 1
 
     def request_finished(self, ctx: ReqContext) -> None:
@@ -286,6 +335,7 @@ class ShadowEvaluator:
         self._recent_hits = [0.0] * len(self._minis)
         self._recent_accesses = 0.0
         self.windows = 0
+        self._wins = [[0.0] * len(self._minis) for _ in self._minis]
 
     # --------------------------------------------------------------- reading
     def estimates(self) -> dict[str, ShadowEstimate]:
@@ -307,6 +357,14 @@ class ShadowEvaluator:
     def recent_accesses(self) -> float:
         """The decayed number of sampled accesses behind the recent estimates."""
         return self._recent_accesses
+
+    def paired(self, challenger: int, incumbent: int) -> tuple[float, float]:
+        """Recent (decayed) accesses ``challenger`` hit and ``incumbent`` missed, and the reverse.
+
+        The candidates see the same sampled accesses, so comparing them on the accesses where
+        they disagree (a sign test) is far less noisy than comparing two hit ratios.
+        """
+        return self._wins[challenger][incumbent], self._wins[incumbent][challenger]
 
     def hit_ratios(self) -> dict[str, float]:
         """Estimated hit ratio since the start, by candidate name."""
@@ -330,11 +388,13 @@ class ShadowEvaluator:
 
 
 __all__ = [
+    "ACCESS_COUNT_PARAMS",
     "CandidateSpec",
     "ShadowEstimate",
     "ShadowEvaluator",
     "candidate_name",
     "sample_hash",
     "sampling_rate",
+    "scaled_params",
     "split_candidate",
 ]
