@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvoffload.policies import BlockStatus, CachePolicy, create_cache_policy
+from kvoffload.policies import BUILTIN_POLICIES, BlockStatus, CachePolicy, create_cache_policy
 from kvoffload.policies.switching import switch_resident_set
 from kvoffload.testing.drive import int_key
 
@@ -72,3 +72,16 @@ def test_refusals_change_nothing() -> None:
     assert all(old.get(int_key(i)) is not None for i in range(4))
     with pytest.raises(ValueError, match="different"):
         switch_resident_set(old, old)
+
+
+@pytest.mark.parametrize("name", [row[0] for row in BUILTIN_POLICIES])
+def test_every_built_in_hands_over_its_whole_resident_set(name: str) -> None:
+    old, statuses = _filled(name, 8)
+    statuses[2].ref_cnt = 1
+    old.mark_non_evictable(int_key(2))
+    resident = [int_key(i) for i in range(8)] if old.block_table is None else None
+    new = create_cache_policy("lru", 8)
+    report = switch_resident_set(old, new, resident_keys=resident)
+    assert (report.evictable, report.pinned, report.pending) == (7, 1, 0)
+    assert all(new.get(int_key(i)) is statuses[i] for i in range(8))
+    assert all(old.get(int_key(i)) is None for i in range(8))
