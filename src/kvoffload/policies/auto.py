@@ -14,8 +14,10 @@ leader when all of these hold (the hysteresis that keeps it from flapping):
   of a fair coin's (a sign test; both miniatures see the same accesses, so this is the
   noise that matters);
 * it did so in ``patience`` consecutive windows;
-* at least ``min_dwell`` windows have passed since the last switch; each switch back to a
-  candidate that was left before doubles that dwell.
+* at least ``min_dwell`` windows have passed since the last switch, and at least as many as
+  came before it (a switch at window ``w`` allows the next one at ``2 w`` at the earliest, so
+  there are at most about log2(windows) switches); each switch back to a candidate that was
+  left before doubles ``min_dwell``.
 
 A switch builds the new candidate and moves the resident set into it with
 :func:`~kvoffload.policies.switching.switch_resident_set` (no block dropped, pins and pending
@@ -185,7 +187,8 @@ class AutoCachePolicy(CachePolicy):
         self._streak += 1
         if self._streak < self.patience:
             return
-        if shadows.windows - self._last_switch_window < self._dwell:
+        since = shadows.windows - self._last_switch_window
+        if since < self._dwell or since < self._last_switch_window:
             return
         self._switch_to(best, tuple(zip(names, values, strict=True)))
 
