@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+import kvoffload.cli as cli_package
 from kvoffload import cli
 from kvoffload.policies import BUILTIN_POLICIES
 
@@ -32,7 +33,6 @@ SIMULATE_KEYS = {
     "prefix_hit_ratio",
     "token_hit_ratio",
     "evictions",
-    "elapsed_s",
 }
 BOUNDS_KEYS = {"infinite_hit_ratio", "belady_hit_ratio", "opt_bypass_hit_ratio"}
 
@@ -62,9 +62,13 @@ def test_policies(capsys: pytest.CaptureFixture[str]) -> None:
     assert "lru" in capsys.readouterr().out
 
 
-def test_simulate_one_run_is_one_flat_object(capsys: pytest.CaptureFixture[str]) -> None:
-    record = run_json(capsys, "simulate", *SMALL, "--policy", "lru", "--capacity", "5%")
+def test_simulate_one_run_has_the_grid_shape(capsys: pytest.CaptureFixture[str]) -> None:
+    out = run_json(capsys, "simulate", *SMALL, "--policy", "lru", "--capacity", "5%")
+    assert set(out) == {"trace", "results", "bounds"}
+    assert len(out["results"]) == 1 and len(out["bounds"]) == 1
+    record = {**out["results"][0], "trace": out["trace"], "bounds": out["bounds"][0]}
     assert set(record) >= SIMULATE_KEYS
+    assert "elapsed_s" not in record and "blocks_per_s" not in record
     assert record["policy"] == "lru" and record["mode"] == "prefix" and record["requests"] == 200
     unique = record["trace"]["unique_blocks"]
     assert record["capacity_blocks"] == int(unique * 5 / 100)
@@ -123,8 +127,10 @@ def test_simulate_with_no_arguments_runs_every_builtin_policy() -> None:
 
 
 def test_bounds(capsys: pytest.CaptureFixture[str]) -> None:
-    one = run_json(capsys, "bounds", *SMALL[:2], "--capacity", "5%")
-    assert set(one) >= BOUNDS_KEYS
+    out = run_json(capsys, "bounds", *SMALL[:2], "--capacity", "5%")
+    assert set(out) == {"trace", "bounds"}
+    (one,) = out["bounds"]
+    assert set(one) >= BOUNDS_KEYS and one["capacity"] == "5%"
     assert one["belady_hit_ratio"] <= one["opt_bypass_hit_ratio"] <= one["infinite_hit_ratio"]
     many = run_json(capsys, "bounds", *SMALL[:2])
     assert [b["capacity"] for b in many["bounds"]] == ["1%", "5%", "10%", "25%"]
@@ -134,7 +140,7 @@ def test_bounds(capsys: pytest.CaptureFixture[str]) -> None:
 
 @pytest.mark.skipif(not SHARED_TRACE.exists(), reason="shared trace absent")
 def test_bounds_on_the_shared_trace(capsys: pytest.CaptureFixture[str]) -> None:
-    one = run_json(capsys, "bounds", str(SHARED_TRACE), "--capacity", "2196")
+    (one,) = run_json(capsys, "bounds", str(SHARED_TRACE), "--capacity", "2196")["bounds"]
     assert round(one["belady_hit_ratio"], 4) == 0.3955
 
 
@@ -145,8 +151,8 @@ def test_generate_then_simulate_the_file_equals_the_embedded_workload(
     summary = run_json(capsys, "generate", "--requests", "200", "--seed", "4", "-o", str(path))
     assert summary["requests"] == 200 and summary["config"]["seed"] == 4
     args = ["--policy", "arc", "--capacity", "3%", "--workers", "1"]
-    from_file = run_json(capsys, "simulate", str(path), *args)
-    embedded = run_json(capsys, "simulate", "--requests", "200", "--seed", "4", *args)
+    (from_file,) = run_json(capsys, "simulate", str(path), *args)["results"]
+    (embedded,) = run_json(capsys, "simulate", "--requests", "200", "--seed", "4", *args)["results"]
     assert from_file["block_hits"] == embedded["block_hits"]
     assert from_file["capacity_blocks"] == embedded["capacity_blocks"]
 
@@ -216,7 +222,7 @@ def test_errors_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert "Unknown cache policy: 'nope'" in run_error(capsys, "simulate", "--policy", "nope")
     assert "cannot read capacity" in run_error(capsys, "bounds", "--capacity", "lots")
     assert "--bytes-per-token" in run_error(capsys, "bounds", "--capacity", "8GiB")
-    assert "Bad cache_policy_params" in run_error(
+    assert "no policy run accepts 'x' (lru)" in run_error(
         capsys, "simulate", *SMALL, "--policy", "lru", "--param", "x=1"
     )
     assert "KEY=VALUE" in run_error(capsys, "simulate", "--param", "oops")
@@ -244,7 +250,7 @@ def test_usage_errors_exit_2_and_debug_shows_the_traceback(
     assert info.value.code == 2
     with pytest.raises(SystemExit):
         cli.main([])
-    with pytest.raises(ValueError, match="cannot read capacity"):
+    with pytest.raises(cli.UserError, match="cannot read capacity"):
         cli.main(["bounds", "--capacity", "lots", "--debug"])
 
 
@@ -262,28 +268,31 @@ def test_console_script_errors_have_no_traceback(tmp_path: Path) -> None:
     ]
 
 
-def test_demo_is_loaded_lazily(
+def test_demo_without_torch_has_help_and_a_clear_error(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    def no_torch(name: str) -> None:
-        raise ModuleNotFoundError("No module named 'torch'", name="torch")
-
-    monkeypatch.setattr(cli.importlib, "import_module", no_torch)
+    monkeypatch.setitem(sys.modules, "torch", None)  # `import torch` now fails
+    monkeypatch.delitem(sys.modules, "kvoffload.cli.toy_engine", raising=False)
+    with pytest.raises(SystemExit) as info:
+        cli.main(["demo", "--help"])
+    assert info.value.code == 0
+    assert "--kv-heads" in capsys.readouterr().out
     assert "needs PyTorch" in run_error(capsys, "demo")
-    monkeypatch.undo()
 
+
+def test_demo_runs_the_toy_engine(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     calls: list[object] = []
-    fake = types.ModuleType("kvoffload.transfer.demo")
-
-    def add_arguments(parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("--blocks", type=int, default=3)
+    fake = types.ModuleType("kvoffload.cli.toy_engine")
 
     def run(args: argparse.Namespace) -> int:
-        calls.append(args.blocks)
+        calls.append(args.requests)
         return 0
 
-    fake.add_arguments = add_arguments  # type: ignore[attr-defined]
     fake.run = run  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "kvoffload.transfer.demo", fake)
-    assert cli.main(["demo", "--blocks", "7"]) == 0
+    monkeypatch.setitem(sys.modules, "kvoffload.cli.toy_engine", fake)
+    monkeypatch.setattr(cli_package, "toy_engine", fake, raising=False)
+    assert cli.main(["demo", "--requests", "7"]) == 0
     assert calls == [7]
+    assert "--requests must be >= 1" in run_error(capsys, "demo", "--requests", "0")

@@ -79,7 +79,7 @@ def test_tables_render_every_row(inline: SweepResult) -> None:
     console = Console(width=200, record=True, file=io.StringIO())
     console.print(results_table(inline.results, inline.bounds))
     text = console.export_text()
-    for label in ("lru", "arc", "Belady MIN", "OPT (bypass)", "infinite cache", "2% ("):
+    for label in ("lru", "arc", "Belady MIN", "OPT (bypass)", "infinite cache", "capacity 2% = "):
         assert label in text
     console.print(bounds_table(inline.bounds, ["2%", "10%"]))
     assert "max live" in console.export_text()
@@ -101,7 +101,7 @@ def test_csv_and_json_outputs(inline: SweepResult) -> None:
 
 def test_plots_are_written(inline: SweepResult, tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
-    from kvoffload.sim.plot import plot_capacity_bars, plot_miss_ratio_curves
+    from kvoffload.sim.report.plot import plot_capacity_bars, plot_miss_ratio_curves
 
     curve = plot_miss_ratio_curves(inline.results, inline.bounds, tmp_path / "mrc.png")
     bars = plot_capacity_bars(inline.results, inline.bounds, tmp_path)
