@@ -94,13 +94,12 @@ def report(args: argparse.Namespace, grid: Grid) -> int:
     if args.format == "json":
         output.emit_json(record)
     else:
-        from kvoffload.sim.report.table import results_legend, results_table
-
+        tables = output.tables()
         mode = args.mode + (", overlapped" if args.overlap else "")
         output.print_rich(
             output.trace_caption(trace, f"mode {mode}"),
-            results_table(sweep.results, sweep.bounds, timing=args.timing),
-            results_legend(args.mode, args.timing, bounds=bool(sweep.bounds)),
+            tables.results_table(sweep.results, sweep.bounds, timing=args.timing),
+            tables.results_legend(args.mode, args.timing, bounds=bool(sweep.bounds)),
         )
     title = (args.trace and args.trace.rsplit("/", 1)[-1]) or "generated workload"
     errors = output.write_outputs(args.output, args.plot, record, sweep, title, args.timing)

@@ -11,6 +11,7 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from kvoffload.cli.errors import UserError
@@ -68,13 +69,19 @@ def emit_json(obj: Any) -> None:
     sys.stdout.flush()
 
 
-def print_rich(*items: Any) -> None:
-    """Text and tables on stdout (rich: the ``[cli]`` extra)."""
+def tables() -> ModuleType:
+    """:mod:`kvoffload.sim.report.table`, or a user error naming the extra it needs."""
     try:
-        from kvoffload.sim.report.table import print_renderables, stdout_console
+        from kvoffload.sim.report import table
     except ImportError as exc:
         raise UserError(str(exc)) from None
-    print_renderables(stdout_console(), *items)
+    return table
+
+
+def print_rich(*items: Any) -> None:
+    """Text and tables on stdout (rich: the ``[cli]`` extra)."""
+    table = tables()
+    table.print_renderables(table.stdout_console(), *items)
     sys.stdout.flush()
 
 
@@ -130,6 +137,7 @@ __all__ = [
     "emit_json",
     "print_rich",
     "sweep_record",
+    "tables",
     "trace_caption",
     "write_outputs",
 ]

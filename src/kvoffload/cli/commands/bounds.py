@@ -45,11 +45,10 @@ def run(args: argparse.Namespace) -> int:
         records = [bounds_record(b, c.label) for b, c in zip(bounds, capacities, strict=True)]
         output.emit_json({"trace": trace.describe(), "bounds": records})
         return 0
-    from kvoffload.sim.report.table import BOUNDS_LEGEND, bounds_table
-
+    tables = output.tables()
     output.print_rich(
         output.trace_caption(trace),
-        bounds_table(bounds, [c.label for c in capacities]),
-        BOUNDS_LEGEND,
+        tables.bounds_table(bounds, [c.label for c in capacities]),
+        tables.BOUNDS_LEGEND,
     )
     return 0

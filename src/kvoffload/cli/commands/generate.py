@@ -60,8 +60,6 @@ def run(args: argparse.Namespace) -> int:
     if args.format == "json":
         output.emit_json(summary)
         return 0
-    from kvoffload.sim.report.table import key_value_table
-
     rows = [(k, v) for k, v in summary.items() if k != "config"]
-    output.print_rich(key_value_table(rows, title=f"wrote {args.output}"))
+    output.print_rich(output.tables().key_value_table(rows, title=f"wrote {args.output}"))
     return 0

@@ -22,12 +22,6 @@ def run(args: argparse.Namespace) -> int:
     if args.format == "json":
         output.emit_json({"policies": [info.__dict__ for info in infos]})
         return 0
-    from rich.table import Table
-
-    table = Table(header_style="bold")
-    for column in ("name", "description", "source", "target"):
-        table.add_column(column)
-    for info in infos:
-        table.add_row(info.name, info.description, info.source, info.target)
+    table = output.tables().policies_table(infos)
     output.print_rich(table)
     return 0

@@ -167,6 +167,16 @@ BOUNDS_LEGEND = (
 )
 
 
+def policies_table(infos: Iterable[object]) -> Table:
+    """``kvoffload policies``: name, description, where it comes from, what it loads."""
+    table = Table(header_style="bold", box=box.SIMPLE_HEAD)
+    for column in ("name", "description", "source", "target"):
+        table.add_column(column, overflow="fold")
+    for info in infos:
+        table.add_row(*(str(getattr(info, k)) for k in ("name", "description", "source", "target")))
+    return table
+
+
 def key_value_table(rows: Iterable[tuple[str, object]], title: str | None = None) -> Table:
     """A two-column table (for trace and workload summaries)."""
     table = Table(title=title, title_justify="left", show_header=False)
@@ -186,10 +196,10 @@ def stdout_console() -> Console:
 
 
 def print_renderables(console: Console, *items: RenderableType) -> None:
-    """Print text (soft-wrapped) and tables (never narrower than their numbers)."""
+    """Print text (wrapped at the width) and tables (never narrower than their numbers)."""
     for item in items:
         if isinstance(item, str):
-            console.print(item, highlight=False, soft_wrap=True)
+            console.print(item, highlight=False)
             continue
         unbounded = console.options.update(width=10_000)
         needed = Measurement.get(console, unbounded, item).minimum
@@ -205,6 +215,7 @@ __all__ = [
     "BOUNDS_LEGEND",
     "bounds_table",
     "key_value_table",
+    "policies_table",
     "print_renderables",
     "results_legend",
     "results_table",
