@@ -14,6 +14,7 @@ import sys
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, field
+from multiprocessing.process import BaseProcess
 from typing import Any
 
 from kvoffload.sim.bounds import Bounds, TraceBounds
@@ -126,7 +127,7 @@ def run_sweep(
     return SweepResult(results, bounds)
 
 
-def _stop_workers(pool: ProcessPoolExecutor, before: set[multiprocessing.Process]) -> None:
+def _stop_workers(pool: ProcessPoolExecutor, before: set[BaseProcess]) -> None:
     """Cancel what is queued and terminate the pool's processes (those started after ``before``)."""
     pool.shutdown(wait=False, cancel_futures=True)
     workers = [p for p in multiprocessing.active_children() if p not in before]
