@@ -14,6 +14,7 @@ from kvoffload.tiers.base import Tier
 _BUILTINS: dict[str, str] = {
     "disk": "kvoffload.tiers.disk.tier:DiskTier",
     "memory": "kvoffload.tiers.memory:MemoryTier",
+    "redis": "kvoffload.tiers.redis.tier:RedisTier",
 }
 _REGISTERED: dict[str, type[Tier]] = {}
 
