@@ -8,7 +8,8 @@ CLI, an engine integration) gets the same rules. Standard library only, like the
 
 An entry is a mapping::
 
-    {"type": "disk", "path": "/nvme/kv", "capacity_bytes": "200GiB", "write_policy": "write_through"}
+    {"type": "disk", "path": "/nvme/kv", "capacity_bytes": "200GiB",
+     "write_policy": "write_through"}
 
 ``type`` is a registered tier (``disk``, ``redis``, ``memory``) or ``"module:Class"``; the
 other keys are the tier's constructor keywords plus the manager's per-tier settings
@@ -292,7 +293,8 @@ def parse_tier(raw: Mapping[str, Any], index: int = 0) -> TierConfig:
 
 
 def _check_manager_keys(where: str, manager: Mapping[str, Any]) -> None:
-    for key in ("store_threshold", "max_inflight_bytes", "lookup_retries", "write_back_dirty_blocks"):
+    ints = ("store_threshold", "max_inflight_bytes", "lookup_retries", "write_back_dirty_blocks")
+    for key in ints:
         if key in manager:
             value = manager[key]
             if isinstance(value, bool) or not isinstance(value, int):
