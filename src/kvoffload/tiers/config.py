@@ -22,6 +22,7 @@ too: ``{"type": "fs", "root_dir": DIR}`` is the disk tier at ``DIR``, with vLLM'
 
 from __future__ import annotations
 
+import builtins
 import difflib
 import inspect
 import logging
@@ -133,7 +134,7 @@ class TierConfig:
     """
 
     type: str
-    cls: type[Tier]
+    cls: builtins.type[Tier]
     params: Mapping[str, Any] = field(default_factory=dict)
     manager: Mapping[str, Any] = field(default_factory=dict)
     index: int = 0

@@ -50,7 +50,7 @@ def _byte_view(flat: torch.Tensor) -> memoryview:
     through ctypes, whose view is valid while the owner keeps the tensor (``HostBuffer`` does).
     """
     try:
-        return memoryview(flat.numpy()).cast("B")
+        return memoryview(flat.numpy()).cast("B")  # type: ignore[arg-type]
     except (ImportError, RuntimeError):  # torch built without NumPy support
         array = (ctypes.c_ubyte * flat.numel()).from_address(flat.data_ptr())
         return memoryview(array).cast("B")
