@@ -85,6 +85,7 @@ class VllmTieringDriver:
         self.max_wait_steps = max_wait_steps
         self.counts = ReplayCounts()
         self._next = 0
+        self._taken: list[Any] = []  # get_stats() payloads (each call resets vLLM's counters)
 
     def slot(self, chunk: int) -> memoryview:
         return self.flat[chunk * self.block_bytes : (chunk + 1) * self.block_bytes]
@@ -145,5 +146,28 @@ class VllmTieringDriver:
             time.sleep(0.001)
         self.step()
 
+    def replay(self, requests: Sequence[Sequence[bytes]], settle: bool = True) -> ReplayCounts:
+        """Each request in turn; with ``settle``, every cascade finishes before the next one
+        (so hits do not depend on thread timing and can be compared with a model)."""
+        for keys in requests:
+            self.request(keys)
+            if settle:
+                self.settle()
+        return self.counts
+
+    def tier_counters(self, name: str) -> dict[str, float]:
+        """A counter of vLLM's stats (e.g. ``CHUNK_HITS``) by tier label, from ``get_stats``."""
+        stats = self.manager.get_stats()
+        self._taken.append(stats)
+        out: dict[str, float] = {}
+        for taken in self._taken:
+            if taken is None:
+                continue
+            for labels, value in taken.data["data"].get(name, {}).items():
+                key = labels[0] if labels else ""
+                out[key] = out.get(key, 0.0) + value
+        return out
+
     def close(self) -> None:
+        self.flat.release()  # our export of vLLM's buffer, so vLLM can unmap it
         self.manager.shutdown()
