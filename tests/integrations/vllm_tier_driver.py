@@ -1,7 +1,8 @@
 """Drives vLLM's own ``TieringOffloadingManager`` the way its scheduler does, moving real bytes.
 
-Each request: lookups until the prefix stops at a MISS (waiting steps while a key is
-``HIT_PENDING`` or ``RETRY``, bounded), a load of the hit prefix whose bytes are checked, and
+Each request: vLLM's connector lookup (``_maximal_prefix_lookup``: the prompt's keys until a
+MISS; while any is ``HIT_PENDING`` or ``RETRY`` the request waits a step and asks again from
+the start, bounded), a load of the hit prefix whose bytes are checked, and
 a store of the rest whose bytes are written into vLLM's primary view (as the GPU->CPU copy
 would), then cascaded by vLLM to the secondary tiers.
 """
@@ -38,14 +39,17 @@ def tiering_spec(
     block_bytes: int = 4096,
     engine_id: str = "kvoffload-test",
     eviction_policy: str = "lru",
+    cache_policy_module_path: str | None = None,
 ) -> TieringOffloadingSpec:
-    extra = {
+    extra: dict[str, Any] = {
         "spec_name": "TieringOffloadingSpec",
         "cpu_bytes_to_use": num_chunks * block_bytes,
         "eviction_policy": eviction_policy,
         "secondary_tiers": secondary_tiers,
         "tier_poll_interval_s": 0,
     }
+    if cache_policy_module_path is not None:
+        extra["cache_policy_module_path"] = cache_policy_module_path
     config = OffloadingConfig(
         groups=(OffloadingGroupConfig(tokens_per_block=16, layer_names=("l0",), group_id=0),),
         worker_kv_bytes_per_block=block_bytes,
@@ -72,17 +76,22 @@ class ReplayCounts:
     loaded_bytes: int = 0
     bad_bytes: int = 0
     waits: int = 0
+    gave_up: int = 0  # requests still deferred after max_wait_steps (treated as misses)
     by_source: dict[str, int] = field(default_factory=dict)
 
 
 class VllmTieringDriver:
-    def __init__(self, spec: TieringOffloadingSpec, max_wait_steps: int = 200) -> None:
+    def __init__(
+        self, spec: TieringOffloadingSpec, max_wait_steps: int = 200, wait_on_tiers_s: float = 0.2
+    ) -> None:
         self.spec = spec
         self.manager: Any = spec.get_manager()
         view = self.manager.primary_tier.get_kv_memoryview()
         self.block_bytes = view.strides[0]
         self.flat = view.cast("B")
         self.max_wait_steps = max_wait_steps
+        #: how long a step waits for our tiers' jobs (0: nap instead; for RETRY/timeout tests)
+        self.wait_on_tiers_s = wait_on_tiers_s
         self.counts = ReplayCounts()
         self._next = 0
         self._taken: list[Any] = []  # get_stats() payloads (each call resets vLLM's counters)
@@ -99,22 +108,28 @@ class VllmTieringDriver:
         ctx = ReqContext(req_id=f"r{self._next}")
         m = self.manager
         m.on_new_request(ctx)
-        hits = 0
         waited = 0
-        while hits < len(keys):
-            result = m.lookup(keys[hits], ctx)
-            if result is LookupResult.HIT:
-                hits += 1
-                continue
-            if result in (LookupResult.HIT_PENDING, LookupResult.RETRY) and (
-                waited < self.max_wait_steps
-            ):
-                waited += 1
-                self.counts.waits += 1
-                self.step()
-                time.sleep(0.0005)
-                continue
-            break
+        while True:  # vLLM's _maximal_prefix_lookup, asked again each step while deferred
+            hits, deferred = 0, False
+            for key in keys:
+                result = m.lookup(key, ctx)
+                if result in (LookupResult.HIT, LookupResult.HIT_PENDING):
+                    hits += 1
+                    deferred |= result is LookupResult.HIT_PENDING
+                elif result is LookupResult.RETRY:
+                    deferred = True  # vLLM keeps scanning to start the other lookups
+                else:
+                    break
+            if not deferred:
+                break
+            if waited >= self.max_wait_steps:
+                self.counts.gave_up += 1
+                hits = 0
+                break
+            waited += 1
+            self.counts.waits += 1
+            self.step()
+            self._wait_io(0.0005)
         if hits:
             spec = m.prepare_load(keys[:hits], ctx)
             for key, chunk in zip(keys[:hits], spec.block_ids, strict=True):
@@ -143,8 +158,17 @@ class VllmTieringDriver:
         deadline = time.monotonic() + timeout
         while self.manager.has_pending_work() and time.monotonic() < deadline:
             self.step()
-            time.sleep(0.001)
+            self._wait_io(0.001)
         self.step()
+
+    def _wait_io(self, nap: float) -> None:
+        """Wait for our tiers' I/O (event-based, no spin); other tiers: a short nap."""
+        ours = [t.tier for t in self.manager.secondary_tiers if hasattr(t, "tier")]
+        if not ours or self.wait_on_tiers_s <= 0:
+            time.sleep(nap)
+            return
+        for tier in ours:
+            tier.drain(self.wait_on_tiers_s)
 
     def replay(self, requests: Sequence[Sequence[bytes]], settle: bool = True) -> ReplayCounts:
         """Each request in turn; with ``settle``, every cascade finishes before the next one
