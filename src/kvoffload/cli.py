@@ -24,7 +24,7 @@ from kvoffload.sim.plugins import AdmissionFactory
 from kvoffload.sim.records import Trace
 from kvoffload.sim.replay import REPLAY_MODES, PolicySpec, ReplayOptions
 from kvoffload.sim.sweep import SweepResult, run_sweep
-from kvoffload.sim.traces import TRACE_FORMATS, load_trace
+from kvoffload.sim.traces import load_trace, trace_format_choices
 from kvoffload.sim.workloads import (
     WorkloadConfig,
     config_as_dict,
@@ -89,7 +89,7 @@ def _add_trace_args(p: argparse.ArgumentParser) -> None:
         help="JSONL trace (gzip/zstd ok); omitted: the generated default workload",
     )
     g = p.add_argument_group("trace")
-    g.add_argument("--trace-format", choices=TRACE_FORMATS, default="auto")
+    g.add_argument("--trace-format", choices=trace_format_choices(), default="auto")
     g.add_argument(
         "--block-tokens",
         type=int,

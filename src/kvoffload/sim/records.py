@@ -64,6 +64,9 @@ class BlockIdInterner:
     def __len__(self) -> int:
         return len(self._ids)
 
+    def __contains__(self, raw: object) -> bool:
+        return raw in self._ids
+
 
 @dataclass
 class Trace:
