@@ -255,3 +255,27 @@ def test_cli_policy_module_errors_are_reported(
     assert modules["boom"] in err and "boom at import" in err
     err = _error(capsys, "simulate", *small, "--policy", f"{modules['exits']}:X")
     assert modules["exits"] in err and "sys.exit(3)" in err
+
+
+def test_a_class_that_stands_for_a_builtin_resolves_to_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A vLLM config naming kvoffload's vLLM class gives our own policy, not a double wrap."""
+    name = f"reg_standin_{tmp_path.name.replace('-', '_')}"
+    source = """
+        class S3FIFOCachePolicy:  # what kvoffload.integrations.vllm generates, minus vLLM
+            kvoffload_policy = "s3fifo"
+
+        class Tuned:
+            kvoffload_policy = "s3fifo"
+            kvoffload_params = {"small_ratio": 0.2}
+        """
+    (tmp_path / f"{name}.py").write_text(textwrap.dedent(source))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        ours = CachePolicyFactory.get_cache_policy_cls("s3fifo")
+        assert CachePolicyFactory.get_cache_policy_cls("S3FIFOCachePolicy", name) is ours
+        with pytest.raises(TypeError, match="not a subclass of"):  # parameters cannot carry over
+            CachePolicyFactory.get_cache_policy_cls("Tuned", name)
+    finally:
+        sys.modules.pop(name, None)

@@ -92,11 +92,14 @@ class _Registration:
 
 
 def first_doc_line(obj: object) -> str:
-    """The first non-blank line of ``obj``'s docstring (``""`` without one)."""
-    doc = inspect.getdoc(obj)
-    if not doc:
+    """The first non-blank line of ``obj``'s own docstring (``""`` without one).
+
+    A class's docstring is not inherited here: a subclass without one describes as ``""``.
+    """
+    doc = obj.__doc__
+    if not doc or not isinstance(doc, str):
         return ""
-    for line in doc.splitlines():
+    for line in inspect.cleandoc(doc).splitlines():
         if line.strip():
             return line.strip()
     return ""

@@ -79,8 +79,24 @@ def _adapt_foreign_class(obj: object) -> type[CachePolicy] | None:
     return None
 
 
+def _delegated_policy(obj: type) -> str | None:
+    """The kvoffload policy a foreign class stands for (``kvoffload_policy = "s3fifo"``).
+
+    kvoffload's vLLM classes (``kvoffload.integrations.vllm.S3FIFOCachePolicy``) declare the
+    policy they wrap, so a vLLM config naming them resolves to that policy here instead of a
+    vLLM wrapper adapted back; a class built with parameters or a module path is not plain.
+    """
+    name = getattr(obj, "kvoffload_policy", None)
+    if not isinstance(name, str) or getattr(obj, "kvoffload_params", None):
+        return None
+    return name if getattr(obj, "kvoffload_module_path", None) is None else None
+
+
 def _check_policy_class(policy_name: str, obj: object) -> type[CachePolicy]:
     if inspect.isclass(obj) and not issubclass(obj, CachePolicy):
+        delegate = _delegated_policy(obj)
+        if delegate is not None and delegate != policy_name:
+            return POLICY_REGISTRY.resolve(delegate)
         adapted = _adapt_foreign_class(obj)
         if adapted is not None:
             return adapted
