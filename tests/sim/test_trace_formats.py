@@ -141,7 +141,8 @@ def test_a_number_and_its_string_are_two_blocks_with_one_warning(tmp_path: Path)
         tmp_path / "t.jsonl",
         [mooncake(0, [1, 2, "x"]), mooncake(1, ["1", 2]), mooncake(2, [3, "2", "3"])],
     )
-    with pytest.warns(MixedBlockIdWarning, match=r"t.jsonl:2: block id '1' and 1") as record:
+    expected = r"t.jsonl: block ids 1 and '1' both appear"
+    with pytest.warns(MixedBlockIdWarning, match=expected) as record:
         trace = load_trace(path)
     assert len([w for w in record if issubclass(w.category, MixedBlockIdWarning)]) == 1
     assert trace.num_unique_blocks == 7  # 1, 2, x, "1", 3, "2", "3": still distinct

@@ -64,8 +64,9 @@ class BlockIdInterner:
     def __len__(self) -> int:
         return len(self._ids)
 
-    def __contains__(self, raw: object) -> bool:
-        return raw in self._ids
+    def raw_ids(self) -> Iterator[Hashable]:
+        """The source's ids, in first-seen order."""
+        return iter(self._ids)
 
 
 @dataclass

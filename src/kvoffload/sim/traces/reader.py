@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import os
 import warnings
-from collections.abc import Hashable, Iterator
+from collections.abc import Hashable, Iterable, Iterator
 from typing import Any
 
 from kvoffload.sim.records import BlockIdInterner, Trace, TraceRequest
@@ -41,13 +41,11 @@ def _last_block_tokens(input_tokens: int, num_blocks: int, block_tokens: int, fi
     return input_tokens - block_tokens * (num_blocks - 1)
 
 
-def _twin(raw: Hashable) -> Hashable | None:
-    """The other spelling of a block id: ``1`` <-> ``"1"`` (``None`` when there is none)."""
-    if isinstance(raw, int):
-        return str(raw)
-    if isinstance(raw, str) and raw.lstrip("-").isdigit():
-        number = int(raw)
-        return number if str(number) == raw else None
+def _twin(text: str) -> int | None:
+    """The number a string block id spells exactly (``"1"`` -> ``1``; ``"01"`` -> ``None``)."""
+    if text.lstrip("-").isdigit():
+        number = int(text)
+        return number if str(number) == text else None
     return None
 
 
@@ -134,7 +132,8 @@ class TraceReader:
                 yield request
                 produced += 1
                 if self.max_requests is not None and produced >= self.max_requests:
-                    return
+                    break
+        self._warn_mixed_ids()
 
     def _parse_line(self, line: bytes, line_no: int) -> TraceRequest:
         try:
@@ -173,15 +172,10 @@ class TraceReader:
                 self._first_time = record.timestamp_s
             timestamp_s = record.timestamp_s - self._first_time
         self._last_time = timestamp_s
-        interner = self.interner
-        known = len(interner)
-        block_ids = interner.intern(raw_ids)
-        if len(interner) > known and not self._warned_mixed_ids:
-            self._check_mixed_ids(raw_ids, block_ids, known, line_no)
         return TraceRequest(
             req_id=record.request_id if record.request_id is not None else str(line_no),
             timestamp_s=timestamp_s,
-            block_ids=block_ids,
+            block_ids=self.interner.intern(raw_ids),
             input_tokens=input_tokens,
             output_tokens=record.output_tokens,
             last_block_tokens=last,
@@ -190,23 +184,39 @@ class TraceReader:
             line=line_no,
         )
 
-    def _check_mixed_ids(
-        self, raw_ids: list[Hashable], block_ids: list[int], known: int, line_no: int
-    ) -> None:
-        """Warn once when a new id's other spelling (``1`` / ``"1"``) is also in the trace."""
-        for raw, dense in zip(raw_ids, block_ids, strict=True):
-            if dense < known:
-                continue
-            twin = _twin(raw)
-            if twin is not None and twin in self.interner:
-                self._warned_mixed_ids = True
-                warnings.warn(
-                    f"{self.path}:{line_no}: block id {raw!r} and {twin!r} both appear; "
-                    "a number and a string are two different blocks (warned once per trace)",
-                    MixedBlockIdWarning,
-                    stacklevel=4,
-                )
-                return
+    def _warn_mixed_ids(self) -> None:
+        """Warn once when a number and its string (``1`` / ``"1"``) are both block ids.
+
+        One pass over the unique ids when the read ends, and only when both kinds occur, so
+        the per-line cost is nil.
+        """
+        if self._warned_mixed_ids:
+            return
+        pair = _first_twin(self.interner.raw_ids())
+        if pair is not None:
+            self._warned_mixed_ids = True
+            warnings.warn(
+                f"{self.path}: block ids {pair[0]!r} and {pair[1]!r} both appear; a number and "
+                "a string are two different blocks (warned once per trace)",
+                MixedBlockIdWarning,
+                stacklevel=3,
+            )
+
+
+def _first_twin(raw_ids: Iterable[Hashable]) -> tuple[Hashable, Hashable] | None:
+    numbers: set[int] = set()
+    strings: list[str] = []
+    for raw in raw_ids:
+        if isinstance(raw, int):
+            numbers.add(raw)
+        elif isinstance(raw, str):
+            strings.append(raw)
+    if numbers and strings:
+        for text in strings:
+            twin = _twin(text)
+            if twin is not None and twin in numbers:
+                return twin, text
+    return None
 
 
 def load_trace(
