@@ -41,12 +41,17 @@ def optional_time(obj: dict[str, Any], name: str) -> float | None:
     return None if value is None else as_time(value, name)
 
 
+_ID_TYPES = frozenset((int, str))
+
+
 def as_block_ids(value: Any, name: str) -> list[Hashable]:
     """A non-empty list of int or string block ids."""
     if not isinstance(value, list):
         raise BadRecord(f"'{name}' must be a list of block ids, got {type(value).__name__}")
     if not value:
         raise BadRecord(f"'{name}' is empty: a request needs at least one block")
+    if _ID_TYPES.issuperset(map(type, value)):  # the usual case, checked in C
+        return value
     for i, block_id in enumerate(value):
         if isinstance(block_id, bool) or not isinstance(block_id, (int, str)):
             raise BadRecord(f"'{name}'[{i}] must be an integer or a string, got {block_id!r}")

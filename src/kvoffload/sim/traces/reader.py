@@ -203,19 +203,16 @@ class TraceReader:
             )
 
 
-def _first_twin(raw_ids: Iterable[Hashable]) -> tuple[Hashable, Hashable] | None:
-    numbers: set[int] = set()
-    strings: list[str] = []
-    for raw in raw_ids:
-        if isinstance(raw, int):
-            numbers.add(raw)
-        elif isinstance(raw, str):
-            strings.append(raw)
-    if numbers and strings:
-        for text in strings:
-            twin = _twin(text)
-            if twin is not None and twin in numbers:
-                return twin, text
+def _first_twin(raw_ids: Iterable[Hashable]) -> tuple[int, str] | None:
+    ids = list(raw_ids)
+    strings = [raw for raw in ids if type(raw) is str]
+    if not strings or len(strings) == len(ids):
+        return None
+    numbers = {raw for raw in ids if type(raw) is int}
+    for text in strings:
+        twin = _twin(text)
+        if twin is not None and twin in numbers:
+            return twin, text
     return None
 
 
