@@ -279,3 +279,17 @@ def test_a_class_that_stands_for_a_builtin_resolves_to_it(
             CachePolicyFactory.get_cache_policy_cls("Tuned", name)
     finally:
         sys.modules.pop(name, None)
+
+
+def test_describe_reports_a_check_that_fails_oddly_and_lists_the_rest() -> None:
+    def fussy(name: str, obj: object) -> object:
+        if name == "odd":
+            raise KeyError("no such key")
+        return obj
+
+    reg: Registry[object] = Registry("thing", fussy)
+    reg.register("odd", lambda: 1)
+    reg.register("fine", lambda: Concrete)
+    described = {e.name: e for e in reg.describe()}
+    assert described["odd"].error == "KeyError: 'no such key'"
+    assert described["fine"].description == "A concrete plug-in."

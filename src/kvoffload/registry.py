@@ -144,6 +144,13 @@ def _capitalized(kind: str) -> str:
     return kind[:1].upper() + kind[1:]
 
 
+def _error_text(exc: Exception) -> str:
+    """The message of one of our errors; other exceptions also say what they are."""
+    if isinstance(exc, (ImportError, TypeError, ValueError)):
+        return str(exc)
+    return f"{type(exc).__name__}: {exc}"
+
+
 def _describe_object(obj: object) -> str:
     return obj.__qualname__ if inspect.isclass(obj) else type(obj).__name__ + " instance"
 
@@ -402,9 +409,9 @@ class Registry(Generic[T]):
             if description is None:
                 try:
                     description = first_doc_line(self._check(name, reg.loader()))
-                except (ImportError, TypeError, ValueError) as exc:
-                    error = str(exc)
-                    description = f"(cannot be loaded: {exc})"
+                except Exception as exc:  # one broken entry must not hide the others
+                    error = _error_text(exc)
+                    description = f"(cannot be loaded: {error})"
             out.append(RegistryEntry(name, description, reg.source, reg.target, error))
         seen = {entry.name for entry in out}
         for ep in self.entry_points():
@@ -414,9 +421,9 @@ class Registry(Generic[T]):
             error = None
             try:
                 description = first_doc_line(self._check(ep.name, self._load_entry_point(ep)))
-            except (ImportError, TypeError, ValueError) as exc:
-                error = str(exc)
-                description = f"(cannot be loaded: {exc})"
+            except Exception as exc:  # one broken entry must not hide the others
+                error = _error_text(exc)
+                description = f"(cannot be loaded: {error})"
             dist = getattr(getattr(ep, "dist", None), "name", None) or "unknown distribution"
             out.append(
                 RegistryEntry(ep.name, description, f"entry point ({dist})", ep.value, error)
