@@ -312,7 +312,7 @@ def test_cluster_node_stopped_misses_its_keys_and_the_others_keep_working() -> N
     cluster = RedisClusterProcesses().start()
     try:
         memory = BytearraySlotMemory(SLOT, 64)
-        tier = RedisTier(memory, cluster.url, cluster=True, namespace="t", op_timeout_s=0.5)
+        tier = RedisTier(memory, cluster.url, cluster=True, namespace="t", op_timeout_s=5.0)
         keys = fresh_keys(32)
         fill(memory, keys, list(range(32)))
         tier.submit_put(keys, list(range(32)))

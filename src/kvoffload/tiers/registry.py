@@ -13,6 +13,7 @@ from kvoffload.tiers.base import Tier
 
 _BUILTINS: dict[str, str] = {
     "disk": "kvoffload.tiers.disk.tier:DiskTier",
+    "memory": "kvoffload.tiers.memory:MemoryTier",
 }
 _REGISTERED: dict[str, type[Tier]] = {}
 
