@@ -9,6 +9,7 @@ real bytes. The tests named ``test_weak_point_*`` each show one of vLLM's fs-tie
 from __future__ import annotations
 
 import errno
+import json
 import logging
 import os
 import sys
@@ -420,5 +421,45 @@ def test_weak_point_one_job_uses_every_io_thread(tmp_path: Path) -> None:
         driver.request(keys_for(64))  # one store job of 64 blocks
         driver.settle()
         assert len(files.threads) >= 2
+    finally:
+        driver.close()
+
+
+# ---------------------------------------------------------------- the documented config
+
+
+def documented_tiers_config() -> dict[str, Any]:
+    """The ``--kv-transfer-config`` of docs/vllm.md's "Our tiers in vLLM"."""
+    text = (Path(__file__).parents[2] / "docs" / "vllm.md").read_text()
+    section = text.split("## Our tiers in vLLM", 1)[1]
+    line = next(ln for ln in section.splitlines() if ln.startswith("vllm serve"))
+    return json.loads(line.split("--kv-transfer-config '", 1)[1].rsplit("'", 1)[0])
+
+
+def test_documented_config_builds_vllms_manager_with_our_tiers(tmp_path: Path) -> None:
+    sys.path.insert(0, str(Path(__file__).parents[1] / "tiers"))
+    from redis_servers import ci_url
+
+    extra = documented_tiers_config()["kv_connector_extra_config"]
+    assert extra["spec_name"] == "TieringOffloadingSpec"
+    disk_cfg, redis_cfg = (dict(t) for t in extra["secondary_tiers"])
+    disk_cfg["root_dir"] = str(tmp_path)  # only the places differ from the docs
+    disk_cfg["capacity_bytes"] = 64 * RECORD
+    redis_cfg["url"] = ci_url("KVOFFLOAD_REDIS_URL")
+    spec = tiering_spec([disk_cfg, redis_cfg], 8, engine_id=uid(),
+                        eviction_policy=extra["eviction_policy"],
+                        cache_policy_module_path=extra["cache_policy_module_path"])
+    driver = VllmTieringDriver(spec)
+    try:
+        disk, remote = driver.manager.secondary_tiers
+        assert isinstance(disk, vllm_tiers.KVOffloadDiskTier)
+        assert isinstance(remote, vllm_tiers.KVOffloadRedisTier)
+        blocks = keys_for(4)
+        driver.request(blocks)
+        driver.settle()
+        evict_from_cpu(driver, 8)
+        assert driver.request(blocks) == 4 and driver.counts.bad_bytes == 0
+        hits = driver.tier_counters(TieringOffloadingMetrics.CHUNK_HITS)
+        assert hits[DISK] == 4  # config order: the disk tier is asked first
     finally:
         driver.close()

@@ -24,6 +24,9 @@ from vllm.v1.kv_offload.config import (
 )
 from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
 
+from kvoffload.context import ReqContext as OurReqContext
+from kvoffload.manager import LookupResult as OurLookupResult
+
 MODULE = "kvoffload.integrations.vllm_tiers"
 _STEP = ScheduleEndContext(new_req_ids=(), preempted_req_ids=())
 
@@ -76,11 +79,15 @@ class ReplayCounts:
     loaded_bytes: int = 0
     bad_bytes: int = 0
     waits: int = 0
+    #: keys HIT in one lookup pass and not HIT in the next pass of the same request (the
+    #: request's own promotions evicted them from the CPU tier before it loaded them)
+    lost_between_passes: int = 0
     gave_up: int = 0  # requests still deferred after max_wait_steps (treated as misses)
     by_source: dict[str, int] = field(default_factory=dict)
 
 
 class VllmTieringDriver:
+    lookup_result: Any = LookupResult
     def __init__(
         self, spec: TieringOffloadingSpec, max_wait_steps: int = 200, wait_on_tiers_s: float = 0.2
     ) -> None:
@@ -95,6 +102,8 @@ class VllmTieringDriver:
         self.counts = ReplayCounts()
         self._next = 0
         self._taken: list[Any] = []  # get_stats() payloads (each call resets vLLM's counters)
+        self.stored_keys: set[bytes] = set()  # keys this engine computed and stored
+        self.hit_keys: set[bytes] = set()  # keys this engine loaded
 
     def slot(self, chunk: int) -> memoryview:
         return self.flat[chunk * self.block_bytes : (chunk + 1) * self.block_bytes]
@@ -102,21 +111,35 @@ class VllmTieringDriver:
     def step(self) -> None:
         self.manager.on_schedule_end(_STEP)
 
+    def new_context(self, req_id: str) -> Any:
+        return ReqContext(req_id=req_id)
+
+    def our_tiers(self) -> list[Any]:
+        """Our tiers behind the manager (the driver waits on their jobs)."""
+        return [t.tier for t in self.manager.secondary_tiers if hasattr(t, "tier")]
+
     def request(self, keys: Sequence[bytes]) -> int:
         """One request; returns its prefix hits (blocks loaded from vLLM's CPU tier)."""
         self._next += 1
-        ctx = ReqContext(req_id=f"r{self._next}")
+        ctx = self.new_context(f"r{self._next}")
         m = self.manager
+        R = self.lookup_result  # vLLM's enum or ours
         m.on_new_request(ctx)
         waited = 0
+        ready: set[bytes] = set()  # keys that were HIT in the previous pass
         while True:  # vLLM's _maximal_prefix_lookup, asked again each step while deferred
             hits, deferred = 0, False
+            was_ready, ready = ready, set()
             for key in keys:
                 result = m.lookup(key, ctx)
-                if result in (LookupResult.HIT, LookupResult.HIT_PENDING):
+                if key in was_ready and result is not R.HIT:
+                    self.counts.lost_between_passes += 1
+                if result is R.HIT:
+                    ready.add(key)
+                if result in (R.HIT, R.HIT_PENDING):
                     hits += 1
-                    deferred |= result is LookupResult.HIT_PENDING
-                elif result is LookupResult.RETRY:
+                    deferred |= result is R.HIT_PENDING
+                elif result is R.RETRY:
                     deferred = True  # vLLM keeps scanning to start the other lookups
                 else:
                     break
@@ -131,6 +154,7 @@ class VllmTieringDriver:
             self.step()
             self._wait_io(0.0005)
         if hits:
+            self.hit_keys.update(keys[:hits])
             spec = m.prepare_load(keys[:hits], ctx)
             for key, chunk in zip(keys[:hits], spec.block_ids, strict=True):
                 data = bytes(self.slot(int(chunk)))
@@ -146,6 +170,7 @@ class VllmTieringDriver:
                     self.slot(int(chunk))[:] = block_pattern(key, self.block_bytes)
                 m.complete_store(out.keys_to_store, ctx)
                 self.counts.stored += len(out.keys_to_store)
+                self.stored_keys.update(out.keys_to_store)
         m.on_request_finished(ctx)
         self.step()
         self.counts.requests += 1
@@ -163,7 +188,7 @@ class VllmTieringDriver:
 
     def _wait_io(self, nap: float) -> None:
         """Wait for our tiers' I/O (event-based, no spin); other tiers: a short nap."""
-        ours = [t.tier for t in self.manager.secondary_tiers if hasattr(t, "tier")]
+        ours = self.our_tiers()
         if not ours or self.wait_on_tiers_s <= 0:
             time.sleep(nap)
             return
@@ -194,4 +219,38 @@ class VllmTieringDriver:
 
     def close(self) -> None:
         self.flat.release()  # our export of vLLM's buffer, so vLLM can unmap it
+        self.manager.shutdown()
+
+
+class OurTieringDriver(VllmTieringDriver):
+    """The same driver over kvoffload's own ``TieringManager`` (``step()`` per scheduler step)."""
+
+    lookup_result: Any = OurLookupResult
+
+    def __init__(self, manager: Any, memory: Any, max_wait_steps: int = 200) -> None:
+        self.spec = None  # type: ignore[assignment]
+        self.manager = manager
+        self.memory = memory
+        self.block_bytes = memory.slot_bytes
+        self.max_wait_steps = max_wait_steps
+        self.wait_on_tiers_s = 0.2
+        self.counts = ReplayCounts()
+        self._next = 0
+        self._taken = []
+        self.stored_keys = set()
+        self.hit_keys = set()
+
+    def slot(self, chunk: int) -> memoryview:
+        return self.memory.slot_view(chunk)
+
+    def step(self) -> None:
+        self.manager.step()
+
+    def new_context(self, req_id: str) -> Any:
+        return OurReqContext(req_id=req_id)
+
+    def our_tiers(self) -> list[Any]:
+        return list(self.manager.tiers)
+
+    def close(self) -> None:
         self.manager.shutdown()
