@@ -128,7 +128,7 @@ class VllmTieringDriver:
         waited = 0
         ready: set[bytes] = set()  # keys that were HIT in the previous pass
         while True:  # vLLM's _maximal_prefix_lookup, asked again each step while deferred
-            hits, deferred = 0, False
+            hits, deferred, unknown = 0, False, False
             was_ready, ready = ready, set()
             for key in keys:
                 result = m.lookup(key, ctx)
@@ -140,7 +140,7 @@ class VllmTieringDriver:
                     hits += 1
                     deferred |= result is R.HIT_PENDING
                 elif result is R.RETRY:
-                    deferred = True  # vLLM keeps scanning to start the other lookups
+                    deferred = unknown = True  # vLLM keeps scanning to start other lookups
                 else:
                     break
             if not deferred:
@@ -152,7 +152,7 @@ class VllmTieringDriver:
             waited += 1
             self.counts.waits += 1
             self.step()
-            self._wait_io(0.0005)
+            self._wait_io(0.0005, nap_too=unknown)  # an existence check is no job: nap
         if hits:
             self.hit_keys.update(keys[:hits])
             spec = m.prepare_load(keys[:hits], ctx)
@@ -186,14 +186,17 @@ class VllmTieringDriver:
             self._wait_io(0.001)
         self.step()
 
-    def _wait_io(self, nap: float) -> None:
-        """Wait for our tiers' I/O (event-based, no spin); other tiers: a short nap."""
+    def _wait_io(self, nap: float, nap_too: bool = False) -> None:
+        """Wait for our tiers' jobs (event-based, no spin); other tiers, or ``nap_too``
+        (an answer still unknown): also a short nap."""
         ours = self.our_tiers()
         if not ours or self.wait_on_tiers_s <= 0:
             time.sleep(nap)
             return
         for tier in ours:
             tier.drain(self.wait_on_tiers_s)
+        if nap_too:
+            time.sleep(nap)
 
     def replay(self, requests: Sequence[Sequence[bytes]], settle: bool = True) -> ReplayCounts:
         """Each request in turn; with ``settle``, every cascade finishes before the next one
