@@ -43,7 +43,6 @@ ARGS=("$@")
 
 echo "== compiled core (mypyc) =="
 PYTHONPATH="$BUILD${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" - <<'EOF'
-import kvoffload.manager as m
 import kvoffload.manager.cpu as cpu
 assert cpu.__file__.endswith(".so"), f"not the compiled manager: {cpu.__file__}"
 EOF

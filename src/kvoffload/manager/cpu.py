@@ -34,6 +34,7 @@ _MISS = LookupResult.MISS
 _HIT = LookupResult.HIT
 _HIT_PENDING = LookupResult.HIT_PENDING
 _block_id = operator.attrgetter("block_id")
+_BIND_LOCK = threading.Lock()
 
 
 def _touches_misses(policy: CachePolicy) -> bool:
@@ -205,12 +206,18 @@ class CPUOffloadingManager(OffloadingManager):
             raise RuntimeError(
                 f"{type(self).__name__} was shut down; build a new manager to keep offloading"
             )
-        if self._owner == 0 or self._thread_safe:
-            self._owner = get_ident()
+        ident = get_ident()
+        if self._thread_safe:
+            self._owner = ident
+            return
+        with _BIND_LOCK:  # two first calls at once: only one thread binds
+            if self._owner == 0:
+                self._owner = ident
+        if self._owner == ident:
             return
         raise RuntimeError(
             f"{type(self).__name__} is used by thread {self._owner} and was called from thread "
-            f"{get_ident()}: a manager without a lock must be called from one thread. Build it "
+            f"{ident}: a manager without a lock must be called from one thread. Build it "
             "with thread_safe=True when completions (or any call) come from other threads"
         )
 
