@@ -11,8 +11,8 @@ torch = pytest.importorskip("torch")
 from transfer_helpers import make_caches  # noqa: E402
 
 from kvoffload.keys import hash_token_blocks  # noqa: E402
+from kvoffload.offloader import KVOffloader, TransferError  # noqa: E402
 from kvoffload.transfer import cpu_worker  # noqa: E402
-from kvoffload.transfer.offloader import KVOffloader, TransferError  # noqa: E402
 
 TOKENS = 4  # tokens per device block in make_caches
 
@@ -250,3 +250,11 @@ def test_reset_keeps_the_slots_of_stores_in_flight_until_they_complete(
         off.load(new, [10, 11])
         assert _same(caches, [10, 11], [4, 5], original)
         assert off.store(_hashes(4, seed=3), [20, 21, 22, 23]) == 4  # the held slots are back
+
+def test_facade_moved_above_the_spec_and_keeps_its_old_names() -> None:
+    import kvoffload.transfer as transfer
+
+    assert transfer.KVOffloader is KVOffloader
+    assert transfer.TransferError is TransferError
+    assert KVOffloader.__module__ == "kvoffload.offloader"
+    assert not hasattr(KVOffloader, "from_spec")  # dead code removed (issue 13 item 8)
