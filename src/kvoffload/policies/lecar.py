@@ -32,7 +32,7 @@ from itertools import chain
 
 from kvoffload.context import ReqContext
 from kvoffload.keys import OffloadKey
-from kvoffload.policies.base import BlockStatus, CachePolicy, Victims
+from kvoffload.policies.base import BlockStatus, CachePolicy, Victims, already_stored
 from kvoffload.policies.params import check_number
 
 _MIN_WEIGHT = 1e-6
@@ -64,7 +64,6 @@ class LeCaRCachePolicy(CachePolicy):
         self.seed = seed
         self._history_limit = int(cache_capacity * self.history_ratio)
         self._discount = 0.005 ** (1.0 / cache_capacity) if cache_capacity else 0.0
-        self._blocks: dict[OffloadKey, BlockStatus] = {}
         self._freq: dict[OffloadKey, int] = {}
         self._lru: OrderedDict[OffloadKey, None] = OrderedDict()  # evictable, LRU first
         self._buckets: dict[int, OrderedDict[OffloadKey, None]] = {}  # evictable by use count
@@ -80,16 +79,11 @@ class LeCaRCachePolicy(CachePolicy):
         """The LRU expert's current weight (the LFU expert has ``1 - lru_weight``)."""
         return self._w_lru
 
-    def get(self, key: OffloadKey) -> BlockStatus | None:
-        return self._blocks.get(key)
-
-    @property
-    def block_table(self) -> Mapping[OffloadKey, BlockStatus]:
-        return self._blocks
-
     def insert(
         self, key: OffloadKey, block: BlockStatus, req_context: ReqContext | None = None
     ) -> None:
+        if key in self._blocks:
+            raise already_stored(key)
         for history in self._histories:  # a stored key is never also a ghost
             history.pop(key, None)
         self._blocks[key] = block
@@ -103,9 +97,7 @@ class LeCaRCachePolicy(CachePolicy):
         blocks: Sequence[BlockStatus],
         req_context: ReqContext | None = None,
     ) -> None:
-        if type(self).insert is not LeCaRCachePolicy.insert:  # a subclass hooks insert: honour it
-            super().insert_many(keys, blocks, req_context)
-            return
+        self._require_absent(keys)
         for history in self._histories:  # a stored key is never also a ghost
             if not history.keys().isdisjoint(keys):
                 for key in keys:
@@ -263,9 +255,6 @@ class LeCaRCachePolicy(CachePolicy):
             self._lru.move_to_end(key)
 
     def mark_evictable_many(self, keys: Sequence[OffloadKey]) -> None:
-        if type(self).mark_evictable is not LeCaRCachePolicy.mark_evictable:  # a subclass hook
-            super().mark_evictable_many(keys)
-            return
         blocks, lru, freqs, buckets = self._blocks, self._lru, self._freq, self._buckets
         last_count, last_bucket = -1, None  # the bucket entered last (usually all share one)
         for key in keys:

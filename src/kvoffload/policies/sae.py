@@ -57,7 +57,7 @@ from itertools import islice
 
 from kvoffload.context import ReqContext
 from kvoffload.keys import OffloadKey
-from kvoffload.policies.base import BlockStatus, CachePolicy, Victims
+from kvoffload.policies.base import BlockStatus, CachePolicy, Victims, already_stored
 from kvoffload.policies.victims import protected_disjoint
 
 _INSTANCE_IDS = itertools.count()
@@ -182,7 +182,6 @@ class SAECachePolicy(CachePolicy):
         self._next_sid = 0  # never reset, so a stale session id cannot alias a new session
         # Stored blocks, one dict per field: status, owning session (the scaled ghost score, and
         # whether a block is evictable, are kept in its session: ``keys``, ``busy``).
-        self._statuses: dict[OffloadKey, BlockStatus] = {}
         self._session_of: dict[OffloadKey, _Session] = {}
         self._sessions: dict[int, _Session] = {}
         self._named: dict[str, _Session] = {}
@@ -330,25 +329,18 @@ class SAECachePolicy(CachePolicy):
         self._rebuild_heap()
 
     # ------------------------------------------------------------------ the contract
-    def get(self, key: OffloadKey) -> BlockStatus | None:
-        return self._statuses.get(key)
-
-    @property
-    def block_table(self) -> Mapping[OffloadKey, BlockStatus]:
-        return self._statuses
-
     def insert(
         self, key: OffloadKey, block: BlockStatus, req_context: ReqContext | None = None
     ) -> None:
-        if key in self._session_of:
-            self.remove(key)
+        if key in self._blocks:
+            raise already_stored(key)
         state = self._request(req_context)
         session = state.session
         if session is None or not session.alive:
             session = self._session_for_insert(state, req_context)
         stored_ghost = self._ghosts.pop(key, 0.0)
         ghost = self._ghost_value(stored_ghost)
-        self._statuses[key] = block
+        self._blocks[key] = block
         self._session_of[key] = session
         session.keys[key] = stored_ghost if ghost else 0.0
         if state.fresh and ghost:
@@ -366,19 +358,14 @@ class SAECachePolicy(CachePolicy):
         blocks: Sequence[BlockStatus],
         req_context: ReqContext | None = None,
     ) -> None:
-        if type(self).insert is not SAECachePolicy.insert:  # a subclass hooks insert: honour it
-            super().insert_many(keys, blocks, req_context)
-            return
-        # insert for each key, with the request's state and session looked up once (again
-        # only after a removal, which may drop the session); ghost_of: the session's ghosts.
-        statuses, session_of, ghosts = self._statuses, self._session_of, self._ghosts
+        self._require_absent(keys)
+        # insert for each key, with the request's state and session looked up once;
+        # ghost_of: the session's ghosts.
+        statuses, session_of, ghosts = self._blocks, self._session_of, self._ghosts
         scale, threshold, norm = self._scale, self.ghost_prune_threshold, self.ghost_norm
         state = self._request(req_context)
         session: _Session | None = None
         for key, block in zip(keys, blocks, strict=True):
-            if key in session_of:
-                self.remove(key)
-                session = None
             if session is None:
                 session = state.session
                 if session is None or not session.alive:
@@ -405,7 +392,7 @@ class SAECachePolicy(CachePolicy):
         session = self._session_of.pop(key, None)
         if session is None:
             return
-        del self._statuses[key], session.keys[key]
+        del self._blocks[key], session.keys[key]
         if key in session.busy:
             session.busy.remove(key)
         else:
@@ -420,7 +407,7 @@ class SAECachePolicy(CachePolicy):
         state = self._request(req_context)
         self._time += 1
         now = self._time
-        session_of, statuses = self._session_of, self._statuses
+        session_of, statuses = self._session_of, self._blocks
         ghosts, scale = self._ghosts, self._scale
         hit_weight, miss_weight = self.ghost_hit_weight, self.ghost_miss_weight
         threshold, capacity = self.ghost_prune_threshold, self.ghost_capacity
@@ -513,7 +500,7 @@ class SAECachePolicy(CachePolicy):
         ``taken`` holds each session with its chosen blocks, in order: a session's counters
         change once for all of them (and a session left without blocks is dropped).
         """
-        session_of, pop_status, ghosts = self._session_of, self._statuses.pop, self._ghosts
+        session_of, pop_status, ghosts = self._session_of, self._blocks.pop, self._ghosts
         remember = self.ghost_capacity > 0
         victims: Victims = []
         append = victims.append
@@ -534,7 +521,7 @@ class SAECachePolicy(CachePolicy):
 
     def clear(self) -> None:
         self._epoch += 1
-        self._statuses.clear()
+        self._blocks.clear()
         self._session_of.clear()
         self._sessions.clear()
         self._named.clear()
@@ -556,9 +543,6 @@ class SAECachePolicy(CachePolicy):
         self._queue(session)
 
     def mark_evictable_many(self, keys: Sequence[OffloadKey]) -> None:
-        if type(self).mark_evictable is not SAECachePolicy.mark_evictable:  # a subclass hook
-            super().mark_evictable_many(keys)
-            return
         session_of = self._session_of
         if not keys:
             return
@@ -606,7 +590,7 @@ class SAECachePolicy(CachePolicy):
         Yes when no eviction is needed, when the request continues a live session, or when a
         new session's score (``now + depth bonus``) is at least the worst resident session's.
         """
-        if len(self._statuses) + num_new_blocks <= self.cache_capacity:
+        if len(self._blocks) + num_new_blocks <= self.cache_capacity:
             return True
         state = self._request(req_context)
         if state.session is not None and state.session.alive:
@@ -637,7 +621,7 @@ class SAECachePolicy(CachePolicy):
 
     def stats(self) -> Mapping[str, float]:
         return {
-            "blocks": len(self._statuses),
+            "blocks": len(self._blocks),
             "evictable": self._num_evictable,
             "sessions": len(self._sessions),
             "ghosts": len(self._ghosts),
