@@ -22,10 +22,10 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Collection, Iterable, Mapping
 
+from kvoffload._checks import check_int
 from kvoffload.context import ReqContext
 from kvoffload.keys import OffloadKey
 from kvoffload.policies.base import BlockStatus, CachePolicy, Victims, already_stored
-from kvoffload.policies.params import check_int
 
 _MAX_COUNTER_BITS = 16
 

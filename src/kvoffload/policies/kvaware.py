@@ -41,6 +41,7 @@ from itertools import chain, compress, islice, repeat
 from itertools import count as count_from
 from typing import Final
 
+from kvoffload._checks import check_int, check_number
 from kvoffload.context import ReqContext
 from kvoffload.keys import OffloadKey
 from kvoffload.policies.base import BlockStatus, CachePolicy, Victims, already_stored
@@ -117,20 +118,16 @@ class KVAwareCachePolicy(CachePolicy):
             ("long_output_tokens", long_output_tokens),
             ("decay_window", decay_window),
         ):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"{name} must be an int >= 0, got {value!r}")
+            check_int(name, value, 0)
         if long_output_tokens < short_output_tokens:
             raise ValueError(
                 f"long_output_tokens ({long_output_tokens}) must be >= short_output_tokens "
                 f"({short_output_tokens})"
             )
-        for name, number in (("horizon_factor", horizon_factor), ("prior_weight", prior_weight)):
-            if not number > 0:
-                raise ValueError(f"{name} must be > 0, got {number!r}")
-        if not ghost_factor >= 0:
-            raise ValueError(f"ghost_factor must be >= 0, got {ghost_factor!r}")
-        if not 0.0 < prior_reuse < 1.0:
-            raise ValueError(f"prior_reuse must be in (0, 1), got {prior_reuse!r}")
+        horizon_factor = check_number("horizon_factor", horizon_factor, 0, low_open=True)
+        prior_weight = check_number("prior_weight", prior_weight, 0, low_open=True)
+        ghost_factor = check_number("ghost_factor", ghost_factor, 0)
+        prior_reuse = check_number("prior_reuse", prior_reuse, 0, 1, low_open=True, high_open=True)
         self.short_output_tokens = short_output_tokens
         self.long_output_tokens = long_output_tokens
         self.horizon_factor = horizon_factor

@@ -30,10 +30,10 @@ from collections import OrderedDict
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from itertools import chain
 
+from kvoffload._checks import check_int, check_number
 from kvoffload.context import ReqContext
 from kvoffload.keys import OffloadKey
 from kvoffload.policies.base import BlockStatus, CachePolicy, Victims, already_stored
-from kvoffload.policies.params import check_number
 
 _MIN_WEIGHT = 1e-6
 _LRU, _LFU = 0, 1
@@ -59,9 +59,7 @@ class LeCaRCachePolicy(CachePolicy):
             "initial_lru_weight", initial_lru_weight, _MIN_WEIGHT, 1.0 - _MIN_WEIGHT
         )
         self.history_ratio = check_number("history_ratio", history_ratio, 0.0, 16.0)
-        if isinstance(seed, bool) or not isinstance(seed, int):
-            raise TypeError(f"seed must be an int, got {type(seed).__name__}")
-        self.seed = seed
+        self.seed = check_int("seed", seed)
         self._history_limit = int(cache_capacity * self.history_ratio)
         self._discount = 0.005 ** (1.0 / cache_capacity) if cache_capacity else 0.0
         self._freq: dict[OffloadKey, int] = {}

@@ -32,10 +32,10 @@ from collections import OrderedDict
 from collections.abc import Collection, Iterable, Mapping
 from itertools import islice
 
+from kvoffload._checks import check_number
 from kvoffload.context import ReqContext
 from kvoffload.keys import OffloadKey
 from kvoffload.policies.base import BlockStatus, CachePolicy, Victims, already_stored
-from kvoffload.policies.params import check_number
 from kvoffload.policies.victims import protected_disjoint
 
 

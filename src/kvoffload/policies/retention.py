@@ -33,6 +33,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from itertools import islice
 
+from kvoffload._checks import check_callable, check_int, check_number
 from kvoffload.context import ReqContext
 from kvoffload.keys import OffloadKey
 from kvoffload.policies.base import BlockStatus, CachePolicy, Victims, already_stored
@@ -43,26 +44,16 @@ MAX_PRIORITY = 100
 
 
 def _check_priority(value: object, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(
-            f"{what} must be an int in [{MIN_PRIORITY}, {MAX_PRIORITY}], got {value!r}"
-        )
-    if not MIN_PRIORITY <= value <= MAX_PRIORITY:
-        raise ValueError(f"{what} must be in [{MIN_PRIORITY}, {MAX_PRIORITY}], got {value}")
-    return value
+    return check_int(what, value, MIN_PRIORITY, MAX_PRIORITY)
 
 
 def _check_duration(value: object, req_id: str) -> float | None:
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
-        raise ValueError(
-            f"request '{req_id}': priority_duration_s must be a number of seconds or None, "
-            f"got {value!r}"
-        )
-    if value < 0:
-        raise ValueError(f"request '{req_id}': priority_duration_s must be >= 0, got {value}")
-    return float(value)
+    name = f"request '{req_id}': priority_duration_s"
+    if value == math.inf:  # never expires
+        return math.inf
+    return check_number(name, value, 0, why=" (seconds; inf = for good)", or_none=True)
 
 
 class RetentionCachePolicy(CachePolicy):
@@ -79,9 +70,9 @@ class RetentionCachePolicy(CachePolicy):
     ) -> None:
         super().__init__(cache_capacity)
         self.default_priority = _check_priority(default_priority, "default_priority")
-        if not callable(clock):
-            raise ValueError(f"clock must be a callable returning seconds, got {clock!r}")
-        self._clock = clock
+        self._clock: Callable[[], float] = check_callable(
+            "clock", clock, "a callable returning seconds"
+        )
         # Per stored block, in flat dicts and sets rather than one object per block: most
         # blocks only ever need a status and a level, set for a whole store in one C call.
         self._level: dict[OffloadKey, int] = {}

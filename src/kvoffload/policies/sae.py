@@ -55,6 +55,7 @@ from collections import OrderedDict
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from itertools import islice
 
+from kvoffload._checks import check_int, check_number
 from kvoffload.context import ReqContext
 from kvoffload.keys import OffloadKey
 from kvoffload.policies.base import BlockStatus, CachePolicy, Victims, already_stored
@@ -113,28 +114,6 @@ class _Requests(dict[int, _Request]):
     """Per-request state kept in the ``ReqContext``, one per policy instance."""
 
 
-def _positive_number(name: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise ValueError(f"{name} must be a number > 0, got {value!r}")
-    if math.isinf(value):
-        raise ValueError(f"{name} must be finite, got {value!r}")
-    return float(value)
-
-
-def _non_negative_number(name: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
-        raise ValueError(f"{name} must be a number >= 0, got {value!r}")
-    if math.isinf(value):
-        raise ValueError(f"{name} must be finite, got {value!r}")
-    return float(value)
-
-
-def _positive_int(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
-    return value
-
-
 class SAECachePolicy(CachePolicy):
     """Session-aware eviction (vLLM PR #50422): evicts the weakest sessions, tail first."""
 
@@ -156,26 +135,20 @@ class SAECachePolicy(CachePolicy):
         ghost_capacity: int | None = None,
     ) -> None:
         super().__init__(cache_capacity)
-        self.decay_interval = _positive_int("decay_interval", decay_interval)
-        self.decay_factor = _positive_number("decay_factor", decay_factor)
-        if self.decay_factor > 1:
-            raise ValueError(f"decay_factor must be in (0, 1], got {decay_factor!r}")
-        self.ghost_hit_weight = _non_negative_number("ghost_hit_weight", ghost_hit_weight)
-        self.ghost_miss_weight = _non_negative_number("ghost_miss_weight", ghost_miss_weight)
-        self.ghost_norm = _positive_number("ghost_norm", ghost_norm)
-        self.touch_weight = _non_negative_number("touch_weight", touch_weight)
-        self.depth_bonus = _non_negative_number("depth_bonus", depth_bonus)
-        self.depth_half_life = _positive_number("depth_half_life", depth_half_life)
-        self.ghost_prune_threshold = _non_negative_number(
-            "ghost_prune_threshold", ghost_prune_threshold
+        self.decay_interval = check_int("decay_interval", decay_interval, 1)
+        self.decay_factor = check_number("decay_factor", decay_factor, 0, 1, low_open=True)
+        self.ghost_hit_weight = check_number("ghost_hit_weight", ghost_hit_weight, 0)
+        self.ghost_miss_weight = check_number("ghost_miss_weight", ghost_miss_weight, 0)
+        self.ghost_norm = check_number("ghost_norm", ghost_norm, 0, low_open=True)
+        self.touch_weight = check_number("touch_weight", touch_weight, 0)
+        self.depth_bonus = check_number("depth_bonus", depth_bonus, 0)
+        self.depth_half_life = check_number("depth_half_life", depth_half_life, 0, low_open=True)
+        self.ghost_prune_threshold = check_number("ghost_prune_threshold", ghost_prune_threshold, 0)
+        self.ghost_capacity = (
+            cache_capacity
+            if ghost_capacity is None
+            else check_int("ghost_capacity", ghost_capacity, 0, or_none=True)
         )
-        if ghost_capacity is None:
-            ghost_capacity = cache_capacity
-        elif isinstance(ghost_capacity, bool) or not isinstance(ghost_capacity, int):
-            raise ValueError(f"ghost_capacity must be an int >= 0 or None, got {ghost_capacity!r}")
-        if ghost_capacity < 0:
-            raise ValueError(f"ghost_capacity must be >= 0, got {ghost_capacity}")
-        self.ghost_capacity = ghost_capacity
 
         self._id = next(_INSTANCE_IDS)
         self._epoch = 0  # bumped by clear: older per-request state is ignored

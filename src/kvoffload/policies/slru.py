@@ -31,10 +31,10 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Collection, Iterable, Mapping
 
+from kvoffload._checks import check_bool, check_int, check_number
 from kvoffload.context import ReqContext
 from kvoffload.keys import OffloadKey
 from kvoffload.policies.base import BlockStatus, CachePolicy, Victims, already_stored
-from kvoffload.policies.params import check_int, check_number
 from kvoffload.policies.victims import first_unprotected
 
 
@@ -62,8 +62,7 @@ class SLRUCachePolicy(CachePolicy):
         check_number(
             "protected_ratio", protected_ratio, 0, 1, high_open=True, why=" (probation needs room)"
         )
-        if not isinstance(fill_free_segments, bool):
-            raise TypeError("fill_free_segments must be True or False")
+        check_bool("fill_free_segments", fill_free_segments)
         self.protected_ratio = float(protected_ratio)
         self.num_segments = num_segments
         self.fill_free_segments = fill_free_segments

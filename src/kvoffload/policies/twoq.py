@@ -30,10 +30,10 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Collection, Iterable, Mapping
 
+from kvoffload._checks import check_number
 from kvoffload.context import ReqContext
 from kvoffload.keys import OffloadKey
 from kvoffload.policies.base import BlockStatus, CachePolicy, Victims, already_stored
-from kvoffload.policies.params import check_number
 from kvoffload.policies.victims import next_unprotected
 
 

@@ -36,11 +36,11 @@ from collections import OrderedDict
 from collections.abc import Collection, Iterable, Mapping
 from itertools import islice
 
+from kvoffload._checks import check_bool, check_int, check_number
 from kvoffload.context import ReqContext
 from kvoffload.keys import OffloadKey
 from kvoffload.policies.base import BlockStatus, CachePolicy, Victims, already_stored
 from kvoffload.policies.frequency_sketch import FrequencySketch
-from kvoffload.policies.params import check_int, check_number
 from kvoffload.policies.victims import protected_disjoint
 
 WINDOW, PROBATION, PROTECTED = 0, 1, 2
@@ -67,8 +67,8 @@ class WTinyLFUCachePolicy(CachePolicy):
         super().__init__(cache_capacity)
         self.window_ratio = check_number("window_ratio", window_ratio, 0.0, 1.0)
         self.protected_ratio = check_number("protected_ratio", protected_ratio, 0.0, 1.0)
-        if not isinstance(adaptive, bool) or not isinstance(doorkeeper, bool):
-            raise TypeError("adaptive and doorkeeper must be True or False")
+        check_bool("adaptive", adaptive)
+        check_bool("doorkeeper", doorkeeper)
         self.sample_factor = check_int(
             "sample_factor", sample_factor, 1, 1000, why=" (uses per capacity between agings)"
         )
