@@ -9,7 +9,7 @@ recent: finishing a load is a use.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Iterable, Iterator, Mapping
 from itertools import islice
 
 from kvoffload.context import ReqContext
@@ -89,6 +89,11 @@ class LRUCachePolicy(CachePolicy):
 
     def mark_non_evictable(self, key: OffloadKey) -> None:
         self._evictable.pop(key, None)
+
+    def eviction_order(self) -> Iterator[OffloadKey]:
+        """The evictable keys, least recent (the next victim) first: for a subclass that picks
+        its own victims (take them with ``get`` and ``remove``). Do not store while iterating."""
+        return iter(self._evictable)
 
     def stats(self) -> Mapping[str, float]:
         return {"blocks": len(self._blocks), "evictable": len(self._evictable)}
