@@ -36,9 +36,10 @@ from typing import Any
 
 from kvoffload.sim.capacity import CAPACITY_HELP, parse_capacity
 from kvoffload.sim.traces import load_trace
+from kvoffload.testing.traces import shared_trace_path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_TRACE = REPO_ROOT.parent / "shared" / "traces" / "mooncake_synthetic_trace.jsonl"
+DEFAULT_TRACE = shared_trace_path(Path(__file__).resolve().parents[1])  # or $KVOFFLOAD_TRACE
 VLLM_MANAGER_MODULE = "vllm.v1.kv_offload.cpu.manager"
 
 
@@ -184,7 +185,7 @@ def replay_parser(description: str, runs: int) -> argparse.ArgumentParser:
 def load_replay_trace(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[Any, int]:
     """The parsed ``--trace`` and its ``--capacity`` in blocks (a parser error if missing)."""
     if not args.trace.exists():
-        parser.error(f"trace {args.trace} not found (give --trace)")
+        parser.error(f"trace {args.trace} not found (give --trace or set KVOFFLOAD_TRACE)")
     trace = load_trace(args.trace)
     capacity = parse_capacity(args.capacity, trace.num_unique_blocks, trace.block_tokens).blocks
     return trace, capacity
@@ -344,7 +345,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.runs < 1:
         parser.error("--runs must be >= 1")
     if not args.trace.exists():
-        parser.error(f"trace {args.trace} not found (give --trace)")
+        parser.error(f"trace {args.trace} not found (give --trace or set KVOFFLOAD_TRACE)")
     report = run(args)
     print(json.dumps(report, indent=2) if args.format == "json" else format_table(report))
     return 0

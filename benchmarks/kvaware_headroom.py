@@ -31,13 +31,9 @@ from kvoffload.sim.capacity import parse_capacities
 from kvoffload.sim.records import Trace
 from kvoffload.sim.replay import PolicySpec, replay
 from kvoffload.sim.traces import load_trace
+from kvoffload.testing.traces import shared_trace_path
 
-DEFAULT_TRACE = (
-    Path(__file__).resolve().parents[1].parent
-    / "shared"
-    / "traces"
-    / "mooncake_synthetic_trace.jsonl"
-)
+DEFAULT_TRACE = shared_trace_path(Path(__file__).resolve().parents[1])  # or $KVOFFLOAD_TRACE
 NEVER = 1e18  # a horizon beyond any trace: "not used again at all"
 
 

@@ -20,9 +20,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from kvoffload.sim.traces import load_trace
+from kvoffload.testing.traces import shared_trace_path
 
-DEFAULT_TRACE = Path(__file__).resolve().parents[2] / "shared" / "traces"
-DEFAULT_TRACE /= "mooncake_synthetic_trace.jsonl"
+DEFAULT_TRACE = shared_trace_path(Path(__file__).resolve().parents[1])  # or $KVOFFLOAD_TRACE
 MIN_COUNT = 200  # cells with fewer accesses are not printed (too noisy to read)
 
 

@@ -31,13 +31,9 @@ from kvoffload.sim.replay import ReplayOptions, replay
 from kvoffload.sim.traces import load_trace
 from kvoffload.sim.workloads import generate_workload
 from kvoffload.testing import drive_single_blocks
+from kvoffload.testing.traces import shared_trace_path
 
-SHARED_TRACE = (
-    Path(__file__).resolve().parents[1].parent
-    / "shared"
-    / "traces"
-    / ("mooncake_synthetic_trace.jsonl")
-)
+SHARED_TRACE = shared_trace_path(Path(__file__).resolve().parents[1])  # or $KVOFFLOAD_TRACE
 LCS_CLASSES = {"lru": "LRU", "arc": "ARC", "fifo": "FIFO", "sieve": "Sieve", "s3fifo": "S3FIFO"}
 
 

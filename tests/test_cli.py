@@ -11,15 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from conftest import SHARED_TRACE, needs_shared_trace
 from kvoffload import cli
 from kvoffload.policies import BUILTIN_POLICIES
 
-SHARED_TRACE = (
-    Path(__file__).resolve().parents[1].parent
-    / "shared"
-    / "traces"
-    / ("mooncake_synthetic_trace.jsonl")
-)
 SMALL = ["--requests", "200", "--workers", "1"]
 SIMULATE_KEYS = {
     "policy",
@@ -132,7 +127,7 @@ def test_bounds(capsys: pytest.CaptureFixture[str]) -> None:
     assert "Belady MIN" in capsys.readouterr().out
 
 
-@pytest.mark.skipif(not SHARED_TRACE.exists(), reason="shared trace absent")
+@needs_shared_trace
 def test_bounds_on_the_shared_trace(capsys: pytest.CaptureFixture[str]) -> None:
     one = run_json(capsys, "bounds", str(SHARED_TRACE), "--capacity", "2196")
     assert round(one["belady_hit_ratio"], 4) == 0.3955

@@ -9,6 +9,7 @@ from kvoffload.keys import (
     get_offload_block_hash,
     get_offload_group_idx,
     hash_token_blocks,
+    int_key,
     make_offload_key,
     namespace_fingerprint,
 )
@@ -81,3 +82,14 @@ def test_bad_block_size_and_tokens() -> None:
         hash_token_blocks([1, 2], 0)
     with pytest.raises(ValueError, match="64-bit"):
         hash_token_blocks([2**70, 1], 2)
+
+
+def test_int_key_is_a_vllm_key_in_group_zero() -> None:
+    # The simulator's key for integer trace block ids lives in the core (sim must not import
+    # kvoffload.testing); testing re-exports the same function.
+    from kvoffload.testing import int_key as testing_int_key
+
+    assert int_key(258) == make_offload_key((258).to_bytes(8, "big"), 0)
+    assert get_offload_block_hash(int_key(-1)) == b"\xff" * 8
+    assert get_offload_group_idx(int_key(7)) == 0
+    assert testing_int_key is int_key

@@ -6,6 +6,8 @@ import re
 import sys
 import types
 
+import pytest
+
 from conftest import REPO_ROOT
 from kvoffload.policies import CachePolicyFactory
 
@@ -40,3 +42,26 @@ def test_readme_has_both_fresh_machine_commands() -> None:
     text = (REPO_ROOT / "README.md").read_text()
     assert re.search(r"^pip install .*&& kvoffload simulate$", text, flags=re.M)
     assert re.search(r"^pip install .*&& python -m pytest", text, flags=re.M)
+
+
+def _block_with(marker: str) -> str:
+    blocks = [b for b in _python_blocks() if marker in b]
+    assert len(blocks) == 1, f"expected one README python block with {marker!r}"
+    return blocks[0]
+
+
+def test_readme_data_plane_example_runs_on_a_cpu_as_written() -> None:
+    pytest.importorskip("torch", reason="the data plane needs the [torch] extra")
+    code = _block_with("KVOffloader")
+    assert 'device="cpu"' in code  # runs on a laptop; no CUDA needed
+    namespace: dict[str, object] = {}
+    exec(compile(code, "README.md", "exec"), namespace)
+    assert namespace["hit"] == 10
+    kv = namespace["kv"]
+    assert all(t[:, 20:30].equal(t[:, 0:10]) for t in kv)  # type: ignore[attr-defined]
+
+
+def test_readme_says_how_to_get_torch_cpu_and_the_trace() -> None:
+    text = (REPO_ROOT / "README.md").read_text()
+    assert "--index-url https://download.pytorch.org/whl/cpu" in text
+    assert "KVOFFLOAD_TRACE" in text

@@ -99,12 +99,21 @@ def hash_token_blocks(
     return hashes
 
 
+def int_key(i: int) -> OffloadKey:
+    """A compact key for an integer block id (8-byte big-endian hash + group 0, vLLM's encoding).
+
+    The simulator and the test drivers name trace blocks by integer; this is their one key form.
+    """
+    return OffloadKey(i.to_bytes(8, "big", signed=True) + b"\x00\x00\x00\x00")
+
+
 __all__ = [
     "GROUP_IDX_BYTES",
     "OffloadKey",
     "get_offload_block_hash",
     "get_offload_group_idx",
     "hash_token_blocks",
+    "int_key",
     "make_offload_key",
     "namespace_fingerprint",
     "root_hash",

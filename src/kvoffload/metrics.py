@@ -1,14 +1,32 @@
-"""Prometheus exposition of a manager's stats (needs the ``[metrics]`` extra).
+"""Prometheus exposition of managers' stats (needs the ``[metrics]`` extra).
 
 The collector reads ``manager.get_stats()`` at scrape time, so the hot path pays nothing:
 no counter is incremented twice. Counters are exported as Prometheus counters (``_total``),
 occupancy as gauges, and the policy's own gauges (ARC's target, ghost sizes, ...) as
 ``<prefix>_policy_<name>``.
+
+**Several managers, one registry.** Each metric family (``kvoffload_hits_total``, ...) is
+exported once per registry and prefix; every registered manager is one labelled series in it.
+The label set is the same for every member of a family, and its usual key is ``tier``
+(``"cpu"``, ``"disk"``, ``"remote"``), optionally with others (``engine``, ``model``)::
+
+    register_manager_metrics(cpu_manager, labels={"tier": "cpu"})
+    register_manager_metrics(disk_manager, labels={"tier": "disk"})
+    # kvoffload_hits_total{tier="cpu"} 12.0
+    # kvoffload_hits_total{tier="disk"} 3.0
+
+so a dashboard sums over ``tier`` or picks one. A second manager with the same label values,
+or with other label names, is a :class:`ValueError` (Prometheus would see a duplicate or a
+mixed series); one manager alone may go unlabelled. A tier that has gauges of its own adds
+families under the same prefix with the same label set.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import re
+import threading
+import weakref
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -48,54 +66,178 @@ _GAUGES = {
     "pending_ratio": "Blocks being written / capacity.",
     "pinned_ratio": "Blocks being read / capacity.",
 }
+_LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*\Z")
+_PREFIX = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*\Z")
+
+
+def _check_labels(labels: Mapping[str, str] | None) -> dict[str, str]:
+    """A copy of ``labels`` after checking it is a Prometheus label set of strings."""
+    if labels is None:
+        return {}
+    if not isinstance(labels, Mapping):
+        raise TypeError(f"labels: expected a mapping of str to str, got {type(labels).__name__}")
+    for name, value in labels.items():
+        if not isinstance(name, str) or not isinstance(value, str):
+            raise TypeError(f"labels: names and values must be str, got {name!r}: {value!r}")
+        if not _LABEL_NAME.match(name) or name.startswith("__"):
+            raise ValueError(
+                f"labels: {name!r} is not a Prometheus label name "
+                "(letters, digits and '_', not starting with a digit or '__')"
+            )
+    return dict(labels)
+
+
+def _check_prefix(prefix: str) -> str:
+    if not isinstance(prefix, str):
+        raise TypeError(f"prefix: expected a str, got {type(prefix).__name__}")
+    if not _PREFIX.match(prefix):
+        raise ValueError(f"prefix: {prefix!r} is not a Prometheus metric name prefix")
+    return prefix
 
 
 class ManagerCollector(Collector):
-    """A Prometheus collector for one manager; labels distinguish several tiers or engines."""
+    """A Prometheus collector for one manager; ``labels`` name its series (e.g. its tier).
+
+    Register it alone on a registry of its own, or (the usual way) through
+    :func:`register_manager_metrics`, which puts several managers into one set of families.
+    """
 
     def __init__(
         self,
         manager: OffloadingManager,
         prefix: str = "kvoffload",
-        labels: dict[str, str] | None = None,
+        labels: Mapping[str, str] | None = None,
     ) -> None:
         self.manager = manager
-        self.prefix = prefix
-        self.labels = dict(labels or {})
+        self.prefix = _check_prefix(prefix)
+        self.labels = _check_labels(labels)
 
-    def collect(self) -> Iterator[Any]:
+    def samples(self) -> Iterator[tuple[str, str, str, float]]:
+        """``(kind, family name, help, value)`` for each figure, read now."""
         stats = self.manager.get_stats()
         if stats is None:
             return
         values = stats.as_dict()
-        names = list(self.labels)
-        label_values = [self.labels[n] for n in names]
         for name, doc in _COUNTERS.items():
-            counter = CounterMetricFamily(f"{self.prefix}_{name}", doc, labels=names)
-            counter.add_metric(label_values, float(values[name]))
-            yield counter
+            yield "counter", f"{self.prefix}_{name}", doc, float(values[name])
         for name, doc in _GAUGES.items():
-            gauge = GaugeMetricFamily(f"{self.prefix}_{name}", doc, labels=names)
-            gauge.add_metric(label_values, float(values[name]))
-            yield gauge
+            yield "gauge", f"{self.prefix}_{name}", doc, float(values[name])
         for name, value in stats.policy.items():
-            gauge = GaugeMetricFamily(
-                f"{self.prefix}_policy_{name}", f"Policy gauge '{name}'.", labels=names
-            )
-            gauge.add_metric(label_values, float(value))
-            yield gauge
+            yield "gauge", f"{self.prefix}_policy_{name}", f"Policy gauge '{name}'.", float(value)
+
+    def collect(self) -> Iterator[Any]:
+        return _families(list(self.labels), [self])
+
+
+def _families(label_names: list[str], members: list[ManagerCollector]) -> Iterator[Any]:
+    """One family per figure, with one sample per member, in first-seen order."""
+    families: dict[str, Any] = {}
+    for member in members:
+        label_values = [member.labels[n] for n in label_names]
+        for kind, name, doc, value in member.samples():
+            family = families.get(name)
+            if family is None:
+                cls = CounterMetricFamily if kind == "counter" else GaugeMetricFamily
+                family = families[name] = cls(name, doc, labels=label_names)
+            family.add_metric(label_values, value)
+    return iter(families.values())
+
+
+class _SharedCollector(Collector):
+    """Every manager registered on one registry under one prefix (see the module docstring)."""
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
+        self.label_names: tuple[str, ...] | None = None
+        self.members: list[ManagerCollector] = []
+        self._lock = threading.Lock()
+
+    def add(self, member: ManagerCollector) -> None:
+        names = tuple(sorted(member.labels))
+        with self._lock:
+            if self.members and names != self.label_names:
+                raise ValueError(
+                    f"labels: managers under prefix {self.prefix!r} on one registry share one "
+                    f"label set; this registry uses {list(self.label_names or ())}, got "
+                    f"{list(names)}"
+                )
+            for other in self.members:
+                if other.labels == member.labels:
+                    hint = "" if names else ' (pass labels={"tier": ...} to tell them apart)'
+                    raise ValueError(
+                        f"labels: a manager with labels {member.labels} is already registered "
+                        f"under prefix {self.prefix!r}{hint}"
+                    )
+            self.label_names = names
+            self.members.append(member)
+
+    def remove(self, member: ManagerCollector) -> bool:
+        with self._lock:
+            if member not in self.members:
+                return False
+            self.members.remove(member)
+            return True
+
+    def describe(self) -> Iterator[Any]:
+        # The fixed families, so the registry rejects another collector that would clash.
+        names = list(self.label_names or ())
+        for name, doc in _COUNTERS.items():
+            yield CounterMetricFamily(f"{self.prefix}_{name}", doc, labels=names)
+        for name, doc in _GAUGES.items():
+            yield GaugeMetricFamily(f"{self.prefix}_{name}", doc, labels=names)
+
+    def collect(self) -> Iterator[Any]:
+        with self._lock:
+            members = list(self.members)
+            names = list(self.label_names or ())
+        return _families(names, members)
+
+
+_SHARED: weakref.WeakKeyDictionary[CollectorRegistry, dict[str, _SharedCollector]] = (
+    weakref.WeakKeyDictionary()
+)
+_SHARED_LOCK = threading.Lock()
 
 
 def register_manager_metrics(
     manager: OffloadingManager,
     registry: CollectorRegistry | None = None,
     prefix: str = "kvoffload",
-    labels: dict[str, str] | None = None,
+    labels: Mapping[str, str] | None = None,
 ) -> ManagerCollector:
-    """Register a :class:`ManagerCollector` (on the default registry unless one is given)."""
-    collector = ManagerCollector(manager, prefix, labels)
-    (registry if registry is not None else REGISTRY).register(collector)
-    return collector
+    """Export ``manager``'s stats on ``registry`` (the default registry unless one is given).
+
+    Managers registered on the same registry and prefix share the families, one series each,
+    told apart by ``labels`` (usually ``{"tier": ...}``). Returns the manager's collector;
+    :func:`unregister_manager_metrics` removes it.
+    """
+    member = ManagerCollector(manager, prefix, labels)
+    registry = registry if registry is not None else REGISTRY
+    with _SHARED_LOCK:
+        per_prefix = _SHARED.setdefault(registry, {})
+        shared = per_prefix.get(member.prefix)
+        if shared is None:
+            shared = _SharedCollector(member.prefix)
+            shared.add(member)
+            registry.register(shared)  # may raise if another collector owns these names
+            per_prefix[member.prefix] = shared
+        else:
+            shared.add(member)
+    return member
 
 
-__all__ = ["ManagerCollector", "register_manager_metrics"]
+def unregister_manager_metrics(
+    collector: ManagerCollector, registry: CollectorRegistry | None = None
+) -> None:
+    """Stop exporting the manager behind ``collector`` (from :func:`register_manager_metrics`)."""
+    registry = registry if registry is not None else REGISTRY
+    with _SHARED_LOCK:
+        shared = _SHARED.get(registry, {}).get(collector.prefix)
+        if shared is None or not shared.remove(collector):
+            raise ValueError("collector: not registered on this registry")
+        if not shared.members:
+            registry.unregister(shared)
+            del _SHARED[registry][collector.prefix]
+
+
+__all__ = ["ManagerCollector", "register_manager_metrics", "unregister_manager_metrics"]

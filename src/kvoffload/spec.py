@@ -29,8 +29,8 @@ from typing import TYPE_CHECKING, Any
 
 from kvoffload._checks import check_int
 from kvoffload.admission import check_store_threshold
+from kvoffload.layout import KVCacheLayout, slots_for_budget
 from kvoffload.manager import CPUOffloadingManager, OffloadingManager
-from kvoffload.transfer.layout import KVCacheLayout, slots_for_budget
 
 if TYPE_CHECKING:
     from kvoffload.transfer.worker import TransferWorker
@@ -242,8 +242,8 @@ class CPUOffloadingSpec(OffloadingSpec):
         return self._manager
 
     def get_worker(self, kv_caches: Sequence[Any] | Mapping[str, Any]) -> TransferWorker:
+        from kvoffload.transfer.factory import create_transfer_worker
         from kvoffload.transfer.host import HostBuffer
-        from kvoffload.transfer.worker import create_transfer_worker
 
         host = HostBuffer(self.slot_layout.slot_bytes, self.num_slots, self.config.pin_memory)
         return create_transfer_worker(

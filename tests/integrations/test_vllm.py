@@ -63,6 +63,7 @@ from kvoffload.testing import check_policy_conformance
 REPO_ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
 import compare_vllm  # noqa: E402 - a script directory, not a package
+from conftest import require_shared_trace  # noqa: E402
 
 MODULE = "kvoffload.integrations.vllm"
 CAPACITY = "5%"
@@ -82,9 +83,7 @@ BATCH_DIFFERENCES = {
 @pytest.fixture(scope="module")
 def trace_keys() -> tuple[list[list[bytes]], int, int]:
     """Keys per request (vLLM's bytes equal ours, checked), capacity in blocks, block tokens."""
-    if not compare_vllm.DEFAULT_TRACE.exists():
-        pytest.skip(f"shared trace not found at {compare_vllm.DEFAULT_TRACE}")
-    trace = load_trace(compare_vllm.DEFAULT_TRACE)
+    trace = load_trace(require_shared_trace())
     ids = [r.block_ids for r in trace.requests]
     keys = compare_vllm.build_keys(compare_vllm.load_ours(), ids)
     vllm_lib, note = compare_vllm.load_vllm()

@@ -6,21 +6,16 @@ import json
 from pathlib import Path
 from typing import Any
 
-import pytest
-
+from conftest import require_shared_trace
 from kvoffload.testing.libcachesim import libcachesim_hits as replay_libcachesim
 from kvoffload.testing.libcachesim import make_cache
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-SHARED_TRACE = REPO_ROOT.parent / "shared" / "traces" / "mooncake_synthetic_trace.jsonl"
 SYNTHETIC_UNIQUE_BLOCKS = 43924
 
 
 def shared_trace_path() -> Path:
     """The shared Mooncake synthetic trace; skips the test when it is absent."""
-    if not SHARED_TRACE.exists():
-        pytest.skip(f"shared trace not found at {SHARED_TRACE}")
-    return SHARED_TRACE
+    return require_shared_trace()
 
 
 def libcachesim_hits(lcs: Any, class_name: str, capacity: int, seq: list[int]) -> int:

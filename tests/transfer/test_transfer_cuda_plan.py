@@ -16,9 +16,9 @@ torch = pytest.importorskip("torch")
 
 from transfer_helpers import SHAPES, block_bytes, expected_slot, make_caches, slot_bytes  # noqa: E402
 
+from kvoffload.layout import KVCacheLayout, KVTensorLayout  # noqa: E402
 from kvoffload.transfer.cuda_worker import CudaTransferWorker, slot_runs  # noqa: E402
 from kvoffload.transfer.host import HostBuffer  # noqa: E402
-from kvoffload.transfer.layout import KVCacheLayout, KVTensorLayout  # noqa: E402
 from kvoffload.transfer.views import word_dtype  # noqa: E402
 from kvoffload.transfer.worker import TransferPart, TransferWorker  # noqa: E402
 
@@ -64,6 +64,35 @@ def test_store_and_load_plans_are_byte_exact(kind: str, bpc: int) -> None:
     for c in caches:
         c.view(torch.int16).fill_(0)
     worker._load_part(TransferPart(0, chunk_slots, targets))
+    for t in range(len(caches)):
+        for view in range(layout.tensors[t].num_views):
+            for src, dst in zip(blocks, targets, strict=True):
+                assert block_bytes(layout, caches, t, view, dst) == block_bytes(
+                    layout, original, t, view, src
+                )
+
+
+@pytest.mark.parametrize("bpc", [1, 2])
+@pytest.mark.parametrize("kind", sorted(SHAPES))
+def test_direct_copy_mode_is_byte_exact(kind: str, bpc: int) -> None:
+    """The per-page baseline the benchmark compares against moves the same bytes."""
+    rng = random.Random(10 + bpc)
+    caches = make_caches(kind, torch.float16, blocks=16, seed=bpc)
+    original = [c.clone() for c in caches]
+    layout = KVCacheLayout.from_tensors(caches, kind)
+    slots = layout.slot_layout(bpc)
+    host = HostBuffer(slots.slot_bytes, 6, pin=False)
+    worker = _plan(layout, caches, host, batch=1, bpc=bpc)
+    chunk_slots = [5, 0, 3]
+    blocks = rng.sample(range(16), 3 * bpc)
+    worker._direct_part(TransferPart(0, chunk_slots, blocks), to_host=True)
+    for i, s in enumerate(chunk_slots):
+        want = expected_slot(layout, slots, original, 0, blocks[i * bpc : (i + 1) * bpc])
+        assert slot_bytes(host, s, len(want)) == want
+    targets = rng.sample(range(16), 3 * bpc)
+    for c in caches:
+        c.view(torch.int16).fill_(0)
+    worker._direct_part(TransferPart(0, chunk_slots, targets), to_host=False)
     for t in range(len(caches)):
         for view in range(layout.tensors[t].num_views):
             for src, dst in zip(blocks, targets, strict=True):

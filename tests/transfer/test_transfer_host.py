@@ -6,8 +6,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from kvoffload.layout import KVCacheLayout, KVTensorLayout  # noqa: E402
 from kvoffload.transfer.host import PAGE_BYTES, HostBuffer  # noqa: E402
-from kvoffload.transfer.layout import KVCacheLayout, KVTensorLayout  # noqa: E402
 
 
 def _slot_layout():  # type: ignore[no-untyped-def]

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from kvoffload.transfer.layout import (
+from kvoffload.layout import (
     KVCacheLayout,
     KVTensorLayout,
     dtype_name,

@@ -9,8 +9,8 @@ torch = pytest.importorskip("torch")
 from transfer_helpers import make_caches  # noqa: E402
 
 from kvoffload.keys import hash_token_blocks  # noqa: E402
+from kvoffload.offloader import KVOffloader, TransferError  # noqa: E402
 from kvoffload.transfer import cpu_worker  # noqa: E402
-from kvoffload.transfer.offloader import KVOffloader, TransferError  # noqa: E402
 
 TOKENS = 4  # tokens per device block in make_caches
 
@@ -196,3 +196,12 @@ def test_closed_offloader_refuses_calls_and_unknown_config_is_rejected() -> None
     caches = make_caches("kv_first", torch.float16, layers=1, blocks=4)
     with pytest.raises(ValueError, match="Did you mean 'store_threshold'"):
         KVOffloader(caches, cpu_bytes=1 << 20, store_treshold=2)
+
+
+def test_facade_moved_above_the_spec_and_keeps_its_old_names() -> None:
+    import kvoffload.transfer as transfer
+
+    assert transfer.KVOffloader is KVOffloader
+    assert transfer.TransferError is TransferError
+    assert KVOffloader.__module__ == "kvoffload.offloader"
+    assert not hasattr(KVOffloader, "from_spec")  # dead code removed (issue 13 item 8)

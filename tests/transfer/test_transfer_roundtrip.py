@@ -1,8 +1,10 @@
-"""Byte-exact store/load round trips through the CPU worker, for every layout and dtype."""
+"""Byte-exact store/load round trips through the workers (CPU, and CUDA where available) for
+every layout, dtype and chunk size; on CUDA also both copy modes and multi-batch staging."""
 
 from __future__ import annotations
 
 import random
+from collections.abc import Callable, Sequence
 
 import pytest
 
@@ -18,14 +20,23 @@ from transfer_helpers import (  # noqa: E402
     slot_bytes,
 )
 
+from kvoffload.layout import HostSlotLayout, KVCacheLayout, KVTensorLayout  # noqa: E402
+from kvoffload.transfer.cuda_worker import COPY_MODES, CudaTransferWorker  # noqa: E402
+from kvoffload.transfer.factory import create_transfer_worker  # noqa: E402
 from kvoffload.transfer.host import HostBuffer  # noqa: E402
-from kvoffload.transfer.layout import KVCacheLayout, KVTensorLayout  # noqa: E402
-from kvoffload.transfer.worker import create_transfer_worker  # noqa: E402
+from kvoffload.transfer.worker import TransferWorker  # noqa: E402
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
-def _store_load_roundtrip(kind: str, dtype: torch.dtype, bpc: int, device: str, seed: int) -> None:
+def _store_load_roundtrip(
+    kind: str,
+    dtype: torch.dtype,
+    bpc: int,
+    device: str,
+    seed: int,
+    make_worker: Callable[..., TransferWorker] = create_transfer_worker,
+) -> None:
     rng = random.Random(seed)
     num_blocks = 24
     caches = make_caches(kind, dtype, blocks=num_blocks, device=device, seed=seed)
@@ -36,7 +47,7 @@ def _store_load_roundtrip(kind: str, dtype: torch.dtype, bpc: int, device: str, 
     host = HostBuffer(slots.slot_bytes, num_slots, pin=None if device == "cuda" else False)
     sentinel = torch.full_like(host.tensor, 0xA5)
     host.tensor.copy_(sentinel)
-    worker = create_transfer_worker(layout, slots, host, caches)
+    worker = make_worker(layout, slots, host, caches)
     try:
         n = 4
         chunk_slots = rng.sample(range(num_slots), n)
@@ -85,6 +96,34 @@ def test_roundtrip_is_byte_exact(kind: str, dtype: torch.dtype, bpc: int, device
     _store_load_roundtrip(kind, dtype, bpc, device, seed=hash((kind, str(dtype), bpc)) % 1000)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("mode", COPY_MODES)
+@pytest.mark.parametrize("bpc", [1, 2, 4])
+@pytest.mark.parametrize("kind", sorted(SHAPES))
+def test_cuda_copy_modes_and_one_slot_staging_batches_are_byte_exact(
+    kind: str, bpc: int, mode: str
+) -> None:
+    """Staging of one slot makes a 4-chunk job run as 4 batches reusing one buffer in order."""
+
+    def make(
+        layout: KVCacheLayout, slots: HostSlotLayout, host: HostBuffer, caches: Sequence[object]
+    ) -> TransferWorker:
+        return CudaTransferWorker(
+            layout, slots, host, caches, staging_bytes=slots.slot_bytes, copy_mode=mode
+        )
+
+    _store_load_roundtrip(kind, torch.bfloat16, bpc, "cuda", seed=bpc, make_worker=make)
+
+
+def test_copy_mode_is_checked() -> None:
+    caches = make_caches("mla", torch.float16, blocks=4)
+    layout = KVCacheLayout.from_tensors(caches, "mla")
+    slots = layout.slot_layout(1)
+    host = HostBuffer(slots.slot_bytes, 2, pin=False)
+    with pytest.raises(ValueError, match="copy_mode must be one of"):
+        CudaTransferWorker(layout, slots, host, caches, copy_mode="per_block")
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_several_groups_and_odd_page_sizes(device: str) -> None:
     """Group 1 has two tensors, group 0 one (its slots are padded); pages of 3 bytes."""
@@ -127,15 +166,17 @@ def test_several_groups_and_odd_page_sizes(device: str) -> None:
         worker.shutdown()
 
 
-def test_consecutive_runs_and_large_pages_are_split_correctly() -> None:
-    """Fresh-cache mappings (runs) and pages above torch's parallel grain take other paths."""
+@pytest.mark.parametrize("device", DEVICES)
+def test_consecutive_runs_and_large_pages_are_split_correctly(device: str) -> None:
+    """Fresh-cache mappings (runs: one DMA each on CUDA) and pages above torch's parallel grain
+    take other paths."""
     gen = torch.Generator().manual_seed(3)
     caches = [
-        random_bytes((2, 16, 64, 8, 128), torch.float16, gen) for _ in range(2)
+        random_bytes((2, 16, 64, 8, 128), torch.float16, gen).to(device) for _ in range(2)
     ]  # 128 KiB pages
     layout = KVCacheLayout.from_tensors(caches)
     slots = layout.slot_layout(2)
-    host = HostBuffer(slots.slot_bytes, 8, pin=False)
+    host = HostBuffer(slots.slot_bytes, 8, pin=None if device == "cuda" else False)
     worker = create_transfer_worker(layout, slots, host, caches)
     try:
         blocks = list(range(2, 14))  # six chunks, consecutive blocks and slots: merged runs

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from kvoffload.layout import KVCacheLayout, KVTensorLayout
 from kvoffload.manager import CPUOffloadingManager
 from kvoffload.spec import (
     CPUOffloadingSpec,
@@ -16,7 +17,6 @@ from kvoffload.spec import (
     OffloadingSpec,
     OffloadingSpecFactory,
 )
-from kvoffload.transfer.layout import KVCacheLayout, KVTensorLayout
 
 LAYOUT = KVCacheLayout(
     [KVTensorLayout(f"layer.{i}", "kv_first", (2, 64, 16, 2, 8), "float16") for i in range(3)]
@@ -207,7 +207,7 @@ def test_spec_arguments_are_type_checked() -> None:
 
 def test_scheduler_side_imports_need_no_torch() -> None:
     code = (
-        "import sys, kvoffload, kvoffload.spec, kvoffload.transfer, kvoffload.transfer.layout\n"
+        "import sys, kvoffload, kvoffload.spec, kvoffload.transfer, kvoffload.layout\n"
         "from kvoffload.spec import CPUOffloadingSpec, OffloadingConfig\n"
         "from kvoffload.transfer import KVCacheLayout, KVTensorLayout\n"
         "layout = KVCacheLayout([KVTensorLayout('a', 'mla', (8, 16, 4), 'float16')])\n"

@@ -11,23 +11,33 @@ torch = pytest.importorskip("torch")
 
 from transfer_helpers import expected_slot, make_caches, slot_bytes  # noqa: E402
 
+from kvoffload.layout import KVCacheLayout, KVTensorLayout  # noqa: E402
 from kvoffload.transfer import cpu_worker  # noqa: E402
 from kvoffload.transfer.cpu_worker import RowRuns  # noqa: E402
+from kvoffload.transfer.factory import create_transfer_worker  # noqa: E402
 from kvoffload.transfer.host import HostBuffer  # noqa: E402
-from kvoffload.transfer.layout import KVCacheLayout, KVTensorLayout  # noqa: E402
-from kvoffload.transfer.worker import TransferWorker, create_transfer_worker  # noqa: E402
+from kvoffload.transfer.worker import TransferWorker  # noqa: E402
 
-DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+# "cuda-direct": the CUDA worker's per-page baseline copy mode, under the same ordering rules.
+DEVICES = ["cpu"] + (["cuda", "cuda-direct"] if torch.cuda.is_available() else [])
 
 
 def _worker(
     blocks: int = 32, slots: int = 16, bpc: int = 1, device: str = "cpu"
 ) -> tuple[TransferWorker, list[torch.Tensor], KVCacheLayout, HostBuffer]:
-    caches = make_caches("kv_first", torch.float16, layers=2, blocks=blocks, seed=1, device=device)
+    on = "cuda" if device.startswith("cuda") else device
+    caches = make_caches("kv_first", torch.float16, layers=2, blocks=blocks, seed=1, device=on)
     layout = KVCacheLayout.from_tensors(caches)
-    pin = None if device == "cuda" else False
+    pin = None if on == "cuda" else False
     host = HostBuffer(layout.slot_layout(bpc).slot_bytes, slots, pin=pin)
-    worker = create_transfer_worker(layout, layout.slot_layout(bpc), host, caches)
+    if device == "cuda-direct":
+        from kvoffload.transfer.cuda_worker import CudaTransferWorker
+
+        worker: TransferWorker = CudaTransferWorker(
+            layout, layout.slot_layout(bpc), host, caches, copy_mode="direct"
+        )
+    else:
+        worker = create_transfer_worker(layout, layout.slot_layout(bpc), host, caches)
     return worker, caches, layout, host
 
 
@@ -99,8 +109,9 @@ def test_a_load_reads_the_slot_before_a_later_store_overwrites_it(device: str) -
             assert torch.equal(_bits(c[:, 20]), _bits(c[:, 5]))
 
 
-def test_submissions_from_several_threads() -> None:
-    worker, caches, layout, host = _worker(blocks=64, slots=64)
+@pytest.mark.parametrize("device", DEVICES)
+def test_submissions_from_several_threads(device: str) -> None:
+    worker, caches, layout, host = _worker(blocks=64, slots=64, device=device)
     errors: list[BaseException] = []
 
     def submit(first: int) -> None:

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import torch
 
+from kvoffload.layout import HostSlotLayout, KVCacheLayout
 from kvoffload.transfer.host import HostBuffer
-from kvoffload.transfer.layout import HostSlotLayout, KVCacheLayout
 
 DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.uint8]
 if hasattr(torch, "float8_e4m3fn"):

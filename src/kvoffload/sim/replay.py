@@ -40,11 +40,10 @@ from typing import Any, NamedTuple, cast
 
 from kvoffload.admission import AdmissionFilter
 from kvoffload.context import ReqContext
-from kvoffload.keys import OffloadKey
+from kvoffload.keys import OffloadKey, int_key
 from kvoffload.manager import CPUOffloadingManager, LookupResult
 from kvoffload.sim.hit_lengths import HitLengths, summarize_hit_lengths
 from kvoffload.sim.records import Trace, TraceRequest
-from kvoffload.testing.drive import int_key
 
 REPLAY_MODES = ("prefix", "blocks")
 

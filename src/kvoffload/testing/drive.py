@@ -9,13 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from kvoffload.keys import OffloadKey
+from kvoffload.keys import int_key  # re-exported: policy tests import it from here
 from kvoffload.policies.base import BlockStatus, CachePolicy
-
-
-def int_key(i: int) -> OffloadKey:
-    """A compact key for integer block ids (8-byte hash + group 0, vLLM's encoding)."""
-    return OffloadKey(i.to_bytes(8, "big", signed=True) + b"\x00\x00\x00\x00")
 
 
 def drive_single_blocks(policy: CachePolicy, block_ids: Iterable[int]) -> int:

@@ -1,4 +1,8 @@
-"""Secondary KV tiers (disk, a shared remote store) behind the CPU tier: the ``Tier`` contract."""
+"""Secondary KV tiers (disk, a shared remote store) behind the CPU tier: the ``Tier`` contract.
+
+The tiering manager lives in :mod:`kvoffload.tiers.manager` (imported from there, not here, so
+that the CPU manager may import this package without a cycle).
+"""
 
 from kvoffload.tiers.base import (
     BytearraySlotMemory,
@@ -13,11 +17,13 @@ from kvoffload.tiers.base import (
     TierJob,
     TierResult,
 )
+from kvoffload.tiers.memory import MemoryTier
 
 __all__ = [
     "BytearraySlotMemory",
     "JobKind",
     "Medium",
+    "MemoryTier",
     "Presence",
     "ScannedBlock",
     "SlotMemory",

@@ -1,8 +1,11 @@
-"""The data plane: KV layouts, the host buffer, transfer workers and the KVOffloader facade.
+"""The data plane: the host buffer, transfer workers, the hazard tracker and byte views.
 
-Needs PyTorch (``pip install 'kvoffload[torch]'``) except :mod:`kvoffload.transfer.layout`,
-which is pure Python so a scheduler can size the CPU tier without torch. Names are exported
-lazily: importing this package imports torch only when a torch-backed name is used.
+Needs PyTorch (``pip install 'kvoffload[torch]'``). Names are exported lazily: importing this
+package imports torch only when a torch-backed name is used. The layout types live in the
+pure-Python core (:mod:`kvoffload.layout`) and the facade above the spec
+(:mod:`kvoffload.offloader`); both stay reachable from here by name for older imports. The
+facade's entries are resolved by name at attribute access (never imported by this package's
+modules), so the data plane itself still never imports a layer above it.
 """
 
 from __future__ import annotations
@@ -11,20 +14,21 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
-    "KVCacheLayout": "kvoffload.transfer.layout",
-    "KVTensorLayout": "kvoffload.transfer.layout",
-    "HostSlotLayout": "kvoffload.transfer.layout",
-    "SlotRegion": "kvoffload.transfer.layout",
-    "slots_for_budget": "kvoffload.transfer.layout",
+    "KVCacheLayout": "kvoffload.layout",
+    "KVTensorLayout": "kvoffload.layout",
+    "HostSlotLayout": "kvoffload.layout",
+    "SlotRegion": "kvoffload.layout",
+    "slots_for_budget": "kvoffload.layout",
     "HostBuffer": "kvoffload.transfer.host",
     "TransferResult": "kvoffload.transfer.worker",
     "TransferWorker": "kvoffload.transfer.worker",
     "CPUTransferWorker": "kvoffload.transfer.cpu_worker",
-    "create_transfer_worker": "kvoffload.transfer.worker",
+    "create_transfer_worker": "kvoffload.transfer.factory",
     "CudaTransferWorker": "kvoffload.transfer.cuda_worker",
-    "KVOffloader": "kvoffload.transfer.offloader",
-    "OffloaderStats": "kvoffload.transfer.offloader",
-    "TransferError": "kvoffload.transfer.offloader",
+    # Compatibility names for the facade, which moved above the spec (kvoffload.offloader).
+    "KVOffloader": "kvoffload.offloader",
+    "OffloaderStats": "kvoffload.offloader",
+    "TransferError": "kvoffload.offloader",
 }
 
 

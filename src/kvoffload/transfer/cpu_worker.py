@@ -29,8 +29,8 @@ from itertools import pairwise
 
 import torch
 
+from kvoffload.layout import HostSlotLayout, KVCacheLayout
 from kvoffload.transfer.host import HostBuffer
-from kvoffload.transfer.layout import HostSlotLayout, KVCacheLayout
 from kvoffload.transfer.worker import LOAD, STORE, TransferJob, TransferWorker
 
 logger = logging.getLogger(__name__)

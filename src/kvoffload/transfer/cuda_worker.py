@@ -13,9 +13,17 @@ How a job runs (one store stream and one load stream per worker, so stores never
   pages into the device blocks.
 
 A slot is contiguous on the host, so DMAs are large (a whole chunk for every layer) instead
-of one small copy per block per layer. Staging is bounded (``staging_bytes``, at least one
-slot); larger jobs run in batches on the same stream, which orders reuse of the buffer.
-Completion and timing come from CUDA events; ``get_finished`` polls them without blocking.
+of one small copy per block per layer: a job of ``n`` chunks over ``R`` layer views costs two
+indexed-copy kernels per view and staging batch (a gather or scatter of all the batch's blocks
+at once) plus one DMA per run of consecutive slots, whatever the block size. Staging is
+bounded (``staging_bytes``, at least one slot); larger jobs run in batches on the same
+stream, which orders reuse of the buffer. Completion and timing come from CUDA events;
+``get_finished`` polls them without blocking.
+
+``copy_mode="direct"`` is the alternative this design is measured against
+(``benchmarks/transfer_bandwidth.py``): no staging, one ``cudaMemcpyAsync`` per device-block
+page per layer view, straight between the KV tensor and the page-locked slot. It is correct
+(the same tests run it) but pays one copy's fixed cost per page, which small blocks feel most.
 """
 
 from __future__ import annotations
@@ -25,12 +33,16 @@ from collections.abc import Iterator, Mapping, Sequence
 
 import torch
 
+from kvoffload.layout import HostSlotLayout, KVCacheLayout
 from kvoffload.transfer.host import HostBuffer
-from kvoffload.transfer.layout import HostSlotLayout, KVCacheLayout
 from kvoffload.transfer.views import word_dtype
 from kvoffload.transfer.worker import STORE, TransferJob, TransferPart, TransferWorker
 
 logger = logging.getLogger(__name__)
+
+#: ``staged``: gather into slot-shaped staging, one DMA per slot run (the default).
+#: ``direct``: one copy per block page per layer view (the baseline it is measured against).
+COPY_MODES = ("staged", "direct")
 
 
 def slot_runs(slots: Sequence[int]) -> Iterator[tuple[int, int, int]]:
@@ -53,6 +65,7 @@ class CudaTransferWorker(TransferWorker):
             whole slots, at least one slot).
         load_waits_for_compute: make loads wait for the compute stream at submission. Keep
             it unless the engine guarantees the target blocks are idle.
+        copy_mode: ``"staged"`` (default) or ``"direct"``; see the module docstring.
     """
 
     def __init__(
@@ -63,7 +76,10 @@ class CudaTransferWorker(TransferWorker):
         kv_caches: Sequence[torch.Tensor] | Mapping[str, torch.Tensor],
         staging_bytes: int = 128 << 20,
         load_waits_for_compute: bool = True,
+        copy_mode: str = "staged",
     ) -> None:
+        if copy_mode not in COPY_MODES:
+            raise ValueError(f"copy_mode must be one of {list(COPY_MODES)}, got {copy_mode!r}")
         super().__init__(layout, slot_layout, host, kv_caches)
         if self.device.type != "cuda":
             raise ValueError(f"CudaTransferWorker needs KV tensors on CUDA, got {self.device}")
@@ -75,8 +91,11 @@ class CudaTransferWorker(TransferWorker):
                 "host buffer is not page-locked: device copies will not overlap with compute"
             )
         self._load_waits_for_compute = load_waits_for_compute
+        self.copy_mode = copy_mode
         slot_words = slot_layout.slot_bytes // slot_layout.word_size
-        self._batch_slots = max(1, staging_bytes // slot_layout.slot_bytes)
+        # Direct copies need no staging: keep one slot's worth so the buffers always exist.
+        staged = copy_mode == "staged"
+        self._batch_slots = max(1, staging_bytes // slot_layout.slot_bytes) if staged else 1
         word = word_dtype(slot_layout.word_size)
         with torch.cuda.device(self.device):
             self._store_stream = torch.cuda.Stream(self.device)
@@ -102,7 +121,9 @@ class CudaTransferWorker(TransferWorker):
                 end = torch.cuda.Event(enable_timing=True)
                 start.record(stream)
                 for part in job.parts:
-                    if job.kind == STORE:
+                    if self.copy_mode == "direct":
+                        self._direct_part(part, to_host=job.kind == STORE)
+                    elif job.kind == STORE:
                         self._store_part(part)
                     else:
                         self._load_part(part)
@@ -156,6 +177,18 @@ class CudaTransferWorker(TransferWorker):
                 pages = stage[:, start : start + bpc * page].reshape(k * bpc, page)
                 device.index_copy_(0, index, pages)
 
+    def _direct_part(self, part: TransferPart, to_host: bool) -> None:
+        """The baseline: one asynchronous copy per block page per layer view, no staging."""
+        bpc = self.slot_layout.blocks_per_chunk
+        views = self._part_views(part)
+        for i, slot in enumerate(part.slots):
+            for j, block in enumerate(part.blocks[i * bpc : (i + 1) * bpc]):
+                for device, host_region in views:
+                    if to_host:
+                        host_region[slot, j].copy_(device[block], non_blocking=True)
+                    else:
+                        device[block].copy_(host_region[slot, j], non_blocking=True)
+
     def _dma(
         self,
         slots: list[int],
@@ -196,4 +229,4 @@ class CudaTransferWorker(TransferWorker):
         self._load_stream.synchronize()
 
 
-__all__ = ["CudaTransferWorker", "slot_runs"]
+__all__ = ["COPY_MODES", "CudaTransferWorker", "slot_runs"]

@@ -2,7 +2,7 @@
 
 A toy engine: random-looking KV tensors shaped like a small model's cache, a generated
 prefix-sharing workload (:mod:`kvoffload.sim.workloads`, token lengths scaled down so the
-demo runs in seconds), and :class:`~kvoffload.transfer.offloader.KVOffloader` in between.
+demo runs in seconds), and :class:`~kvoffload.offloader.KVOffloader` in between.
 For each request the engine looks up its prefix, loads the hit blocks into freshly shuffled
 device blocks and compares every loaded byte with what that block's KV must be, "computes"
 (writes) the missed blocks, and offloads them. The content of a block is a pure function of
@@ -19,10 +19,10 @@ from typing import Any
 
 import torch
 
+from kvoffload.layout import HostSlotLayout, KVCacheLayout, dtype_name
+from kvoffload.offloader import KVOffloader
 from kvoffload.sim.records import Trace
 from kvoffload.sim.workloads import WorkloadConfig, generate_workload
-from kvoffload.transfer.layout import HostSlotLayout, KVCacheLayout, dtype_name
-from kvoffload.transfer.offloader import KVOffloader
 from kvoffload.transfer.views import block_views
 
 _ODD = 0x9E3779B97F4A7C15 - (1 << 64)  # odd, as a signed int64: id * _ODD is unique mod 2**64

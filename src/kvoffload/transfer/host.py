@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from kvoffload.transfer.layout import HostSlotLayout, slots_for_budget
+from kvoffload.layout import HostSlotLayout, slots_for_budget
 
 logger = logging.getLogger(__name__)
 

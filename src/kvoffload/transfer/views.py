@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-from kvoffload.transfer.layout import HostSlotLayout, KVCacheLayout, dtype_name
+from kvoffload.layout import HostSlotLayout, KVCacheLayout, dtype_name
 
 _WORD_DTYPES = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.uint8}
 

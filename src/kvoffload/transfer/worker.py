@@ -18,7 +18,7 @@ Rules every worker keeps:
 
 :class:`~kvoffload.transfer.cpu_worker.CPUTransferWorker` (KV tensors in host memory) and
 :class:`~kvoffload.transfer.cuda_worker.CudaTransferWorker` implement it;
-:func:`create_transfer_worker` picks one from the tensors' device.
+:func:`kvoffload.transfer.factory.create_transfer_worker` picks one from the tensors' device.
 """
 
 from __future__ import annotations
@@ -32,9 +32,9 @@ from typing import Any
 
 import torch
 
+from kvoffload.layout import HostSlotLayout, KVCacheLayout
 from kvoffload.transfer.hazards import HazardTracker
 from kvoffload.transfer.host import HostBuffer
-from kvoffload.transfer.layout import HostSlotLayout, KVCacheLayout
 from kvoffload.transfer.views import block_views, host_region_views, host_words, ordered_tensors
 
 STORE = "store"
@@ -302,24 +302,6 @@ class TransferWorker(ABC):
         ]
 
 
-def create_transfer_worker(
-    layout: KVCacheLayout,
-    slot_layout: HostSlotLayout,
-    host: HostBuffer,
-    kv_caches: Sequence[torch.Tensor] | Mapping[str, torch.Tensor],
-    staging_bytes: int = 128 << 20,
-) -> TransferWorker:
-    """The worker for the KV tensors' device: CUDA streams, or a CPU thread pool."""
-    tensors = ordered_tensors(layout, kv_caches)
-    if tensors[0].device.type == "cuda":
-        from kvoffload.transfer.cuda_worker import CudaTransferWorker
-
-        return CudaTransferWorker(layout, slot_layout, host, tensors, staging_bytes=staging_bytes)
-    from kvoffload.transfer.cpu_worker import CPUTransferWorker
-
-    return CPUTransferWorker(layout, slot_layout, host, tensors)
-
-
 __all__ = [
     "LOAD",
     "STORE",
@@ -328,5 +310,4 @@ __all__ = [
     "TransferResult",
     "TransferWorker",
     "as_int_list",
-    "create_transfer_worker",
 ]

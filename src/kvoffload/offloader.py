@@ -28,9 +28,9 @@ import torch
 
 from kvoffload.context import ReqContext
 from kvoffload.keys import OffloadKey, make_offload_key
+from kvoffload.layout import KVCacheLayout
 from kvoffload.manager import LookupResult, OffloadingManager, OffloadingStats
 from kvoffload.spec import OffloadingConfig, OffloadingSpec, OffloadingSpecFactory
-from kvoffload.transfer.layout import KVCacheLayout
 from kvoffload.transfer.worker import LOAD, STORE, TransferResult, TransferWorker, as_int_list
 
 logger = logging.getLogger(__name__)
@@ -104,25 +104,9 @@ class KVOffloader:
             config, cpu_bytes_to_use=cpu_bytes, eviction_policy=policy
         )
         spec = OffloadingSpecFactory.create_spec(cfg, layout)
-        self._init(spec, spec.get_manager(), spec.get_worker(kv_caches))
-
-    @classmethod
-    def from_spec(
-        cls,
-        spec: OffloadingSpec,
-        kv_caches: Sequence[torch.Tensor] | Mapping[str, torch.Tensor],
-    ) -> KVOffloader:
-        """Use an already built spec (e.g. an out-of-tree one)."""
-        self = cls.__new__(cls)
-        self._init(spec, spec.get_manager(), spec.get_worker(kv_caches))
-        return self
-
-    def _init(
-        self, spec: OffloadingSpec, manager: OffloadingManager, worker: TransferWorker
-    ) -> None:
-        self.spec = spec
-        self.manager = manager
-        self.worker = worker
+        self.spec: OffloadingSpec = spec
+        self.manager: OffloadingManager = spec.get_manager()
+        self.worker: TransferWorker = spec.get_worker(kv_caches)
         self.blocks_per_chunk = spec.blocks_per_chunk
         self._job_ids = itertools.count(1)
         self._stores: dict[int, tuple[list[OffloadKey], ReqContext]] = {}

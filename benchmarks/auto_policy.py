@@ -1,0 +1,85 @@
+"""``auto`` vs every candidate and LRU (prefix hit ratio), and auto's per-block cost vs LRU's.
+
+Cells: the shared trace (prefix-mode replay, 1/5/10/25% of its unique blocks) and the five
+generator settings of ``kvaware_generated.py`` (1/5/25%). ``auto`` runs with its defaults in
+every cell (no per-trace parameter). Targets (issue 17): auto >= 0.98 of the best fixed
+candidate in every cell, and above LRU in every cell. The cost line is the median ratio of
+auto's replay time to an interleaved ``lru`` replay of the shared trace at ``--cost-capacity``.
+
+    python benchmarks/auto_policy.py [--trace PATH] [--skip-generated] [--cost-runs 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from kvaware_generated import SETTINGS
+from kvoffload.policies.auto import DEFAULT_CANDIDATES
+from kvoffload.sim.records import Trace
+from kvoffload.sim.replay import replay
+from kvoffload.sim.traces import load_trace
+from kvoffload.sim.workloads import WorkloadConfig, generate_workload
+
+DEFAULT_TRACE = (
+    Path(__file__).resolve().parents[1].parent / "shared/traces/mooncake_synthetic_trace.jsonl"
+)
+
+
+def _cells(label: str, trace: Trace, percents: Sequence[float], policies: list[str]) -> list[bool]:
+    met = []
+    for percent in percents:
+        capacity = max(1, int(trace.num_unique_blocks * percent / 100))
+        results = {p: replay(trace, capacity, p) for p in policies}
+        ratios = {p: r.prefix_hit_ratio for p, r in results.items()}
+        best = max(ratios[p] for p in DEFAULT_CANDIDATES)
+        auto = ratios["auto"]
+        switches = int(results["auto"].manager_stats.get("policy_switches", 0))
+        ok = auto >= 0.98 * best and auto > ratios["lru"]
+        met.append(ok)
+        print(
+            f"{label:<40} {percent:>3g}% "
+            + " ".join(f"{ratios[p]:9.4f}" for p in policies)
+            + f" {auto / best:7.3f} {switches:>4} {'ok' if ok else 'MISS'}",
+            flush=True,
+        )
+    return met
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--trace", type=Path, default=DEFAULT_TRACE)
+    parser.add_argument("--skip-generated", action="store_true")
+    parser.add_argument("--cost-runs", type=int, default=3)
+    parser.add_argument("--cost-capacity", type=float, default=5.0, help="percent")
+    args = parser.parse_args(argv)
+    policies = ["lru", *DEFAULT_CANDIDATES, "auto"]
+    print(f"{'trace':<40} {'cap':>4} " + " ".join(f"{p:>9}" for p in policies) + "  vsbest  sw")
+    trace = load_trace(args.trace)
+    met = _cells(args.trace.name, trace, (1, 5, 10, 25), policies)
+    if not args.skip_generated:
+        for setting in SETTINGS:
+            generated = generate_workload(WorkloadConfig(**setting))
+            label = ",".join(f"{k}={v}" for k, v in setting.items())[:40]
+            met += _cells(label, generated, (1, 5, 25), policies)
+    print(f"targets met in {sum(met)} of {len(met)} cells")
+    if args.cost_runs > 0:
+        capacity = max(1, int(trace.num_unique_blocks * args.cost_capacity / 100))
+        pairs = []
+        for _ in range(args.cost_runs):
+            auto = replay(trace, capacity, "auto").elapsed_s
+            lru = replay(trace, capacity, "lru").elapsed_s
+            pairs.append((auto, lru))
+        ratio = statistics.median(a / b for a, b in pairs)
+        ns = statistics.median(a for a, _ in pairs) / trace.block_accesses * 1e9
+        print(f"per-block cost at {args.cost_capacity:g}%: auto {ns:.0f} ns, {ratio:.2f}x lru")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

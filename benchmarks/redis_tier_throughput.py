@@ -1,0 +1,266 @@
+"""Redis tier store / load throughput as a ratio of the same server's own ceiling.
+
+For 16-token and 512-token blocks of a Llama-3-8B-shaped KV cache (8 KV heads x 128, fp16, K
+and V; ``--layers`` layers per record, default 1: 64 KiB and 2 MiB records), measure:
+
+* **ours**: ``RedisTier.submit_put`` / ``submit_get`` of the blocks in jobs of ``--job``
+  blocks, wall time from the first submit to the last result (records built and checksummed,
+  ``SET NX PX`` / ``GETEX PX`` pipelined, payloads verified and copied into host slots);
+* the **ceiling**: a raw pipelined redis-py loop on one connection sending the same values,
+  16 commands per pipeline (``redis-benchmark -P 16``'s shape): plain ``SET`` then ``GET``,
+  no header, no checksum, no copy. ``redis-benchmark -t set,get -d <bytes> -P 16`` is shown
+  too when it is installed, as the server's own figure.
+
+Rounds alternate ceiling and ours (the database is flushed between them); the table shows
+the median of the per-round ratios with their spread. A throwaway ``redis-server`` is started
+on a free loopback port unless ``--url`` is given.
+
+    python benchmarks/redis_tier_throughput.py            # ~1 min
+    python benchmarks/redis_tier_throughput.py --quick --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import redis
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from kvoffload.tiers import BytearraySlotMemory
+from kvoffload.tiers.redis import RedisTier
+
+KV_BYTES_PER_TOKEN_LAYER = 2 * 8 * 128 * 2  # K and V, 8 heads x 128, fp16
+
+
+def start_server() -> tuple[subprocess.Popen[bytes], str, str]:
+    if shutil.which("redis-server") is None:
+        sys.exit("redis-server is not installed: apt-get install redis-server, or pass --url")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    workdir = tempfile.mkdtemp(prefix="kvoffload-redis-bench-")
+    proc = subprocess.Popen(
+        [
+            "redis-server",
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            workdir,
+            "--maxmemory",
+            "0",
+            "--proto-max-bulk-len",
+            "1gb",
+        ],
+        stdout=subprocess.DEVNULL,
+    )
+    url = f"redis://127.0.0.1:{port}/0"
+    client = redis.Redis.from_url(url)
+    for _ in range(100):
+        try:
+            client.ping()
+            break
+        except redis.ConnectionError:
+            time.sleep(0.05)
+    return proc, url, workdir
+
+
+def ceiling(client: redis.Redis, values: list[bytes]) -> tuple[float, float]:
+    """Seconds for pipelined SETs then GETs of ``values`` (16 per pipeline, one connection)."""
+    names = [f"raw:{i}".encode() for i in range(len(values))]
+    started = time.perf_counter()
+    for start in range(0, len(values), 16):
+        pipe = client.pipeline(transaction=False)
+        for i in range(start, min(start + 16, len(values))):
+            pipe.set(names[i], values[i])
+        pipe.execute()
+    put = time.perf_counter() - started
+    started = time.perf_counter()
+    got = 0
+    for start in range(0, len(values), 16):
+        pipe = client.pipeline(transaction=False)
+        for i in range(start, min(start + 16, len(values))):
+            pipe.get(names[i])
+        got += sum(len(v) for v in pipe.execute())
+    get = time.perf_counter() - started
+    assert got == sum(len(v) for v in values)
+    return put, get
+
+
+def ours(tier: RedisTier, keys: list[bytes], job: int) -> tuple[float, float]:
+    n = len(keys)
+    started = time.perf_counter()
+    for start in range(0, n, job):
+        part = list(range(start, min(n, start + job)))
+        tier.submit_put([keys[i] for i in part], [i % tier.memory.num_slots for i in part])
+    assert tier.drain(600)
+    results = tier.poll()
+    put = time.perf_counter() - started
+    assert all(r.all_ok for r in results), "a put failed"
+    started = time.perf_counter()
+    for start in range(0, n, job):
+        part = list(range(start, min(n, start + job)))
+        tier.submit_get([keys[i] for i in part], [i % tier.memory.num_slots for i in part])
+    assert tier.drain(600)
+    results = tier.poll()
+    get = time.perf_counter() - started
+    assert all(r.all_ok for r in results), "a get failed"
+    return put, get
+
+
+def redis_benchmark(port: int, nbytes: int, requests: int) -> dict[str, float]:
+    """The server's own figure: requests/s of redis-benchmark SET and GET, as GB/s."""
+    if shutil.which("redis-benchmark") is None:
+        return {}
+    out = subprocess.run(
+        [
+            "redis-benchmark",
+            "-p",
+            str(port),
+            "-t",
+            "set,get",
+            "-d",
+            str(nbytes),
+            "-P",
+            "16",
+            "-n",
+            str(requests),
+            "-c",
+            "1",
+            "-q",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    ).stdout
+    figures = {}
+    for name, rate in re.findall(r"(SET|GET): ([0-9.]+) requests per second", out):
+        figures[name.lower()] = float(rate) * nbytes / 1e9
+    return figures
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--url", help="server to use (default: start a throwaway one)")
+    parser.add_argument("--layers", type=int, default=1, help="layers per record (default 1)")
+    parser.add_argument("--mib", type=int, default=256, help="MiB moved per case (default 256)")
+    parser.add_argument("--rounds", type=int, default=5, help="alternating rounds (default 5)")
+    parser.add_argument("--job", type=int, default=16, help="blocks per tier job (default 16)")
+    parser.add_argument("--workers", type=int, default=1, help="tier worker threads (default 1)")
+    parser.add_argument("--secret", action="store_true", help="sign records (keyed BLAKE2b)")
+    parser.add_argument("--checksum", default="xxh3", choices=["xxh3", "blake2b"])
+    parser.add_argument("--quick", action="store_true", help="64 MiB, 3 rounds")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    args = parser.parse_args()
+    if args.quick:
+        args.mib, args.rounds = 64, 3
+    proc = workdir = None
+    url = args.url
+    if url is None:
+        proc, url, workdir = start_server()
+    client = redis.Redis.from_url(url)
+    rows = []
+    try:
+        for tokens in (16, 512):
+            nbytes = tokens * KV_BYTES_PER_TOKEN_LAYER * args.layers
+            count = max(16, (args.mib << 20) // nbytes)
+            memory = BytearraySlotMemory(nbytes, min(count, 64))
+            for s in range(memory.num_slots):
+                memory.slot_view(s)[:] = os.urandom(64) * (nbytes // 64)
+            values = [bytes(memory.slot_view(i % memory.num_slots)) for i in range(count)]
+            tier = RedisTier(
+                memory,
+                url,
+                namespace=f"bench{tokens}",
+                ttl_ms=600_000,
+                workers=args.workers,
+                checksum=args.checksum,
+                secret=b"benchmark-secret-0123" if args.secret else None,
+            )
+            ratios: dict[str, list[float]] = {"put": [], "get": []}
+            gbps: dict[str, list[float]] = {"put": [], "get": [], "raw put": [], "raw get": []}
+            for r in range(args.rounds):
+                client.flushdb()
+                keys = [os.urandom(16) + r.to_bytes(4, "big") for _ in range(count)]
+                raw_put, raw_get = ceiling(client, values)
+                client.flushdb()
+                our_put, our_get = ours(tier, keys, args.job)
+                total = count * nbytes
+                for name, raw, our in (("put", raw_put, our_put), ("get", raw_get, our_get)):
+                    ratios[name].append(raw / our)
+                    gbps[name].append(total / our / 1e9)
+                    gbps[f"raw {name}"].append(total / raw / 1e9)
+            tier.close()
+            client.flushdb()
+            own = (
+                redis_benchmark(
+                    int(url.rsplit(":", 1)[1].split("/")[0]), nbytes, max(64, count // 4)
+                )
+                if proc is not None
+                else {}
+            )
+            for name in ("put", "get"):
+                q = statistics.quantiles(ratios[name], n=4) if len(ratios[name]) > 1 else [0, 0, 0]
+                rows.append(
+                    {
+                        "tokens": tokens,
+                        "record_bytes": nbytes,
+                        "blocks": count,
+                        "op": name,
+                        "ours_gbps": statistics.median(gbps[name]),
+                        "ceiling_gbps": statistics.median(gbps[f"raw {name}"]),
+                        "ratio": statistics.median(ratios[name]),
+                        "ratio_iqr": [q[0], q[2]],
+                        "redis_benchmark_gbps": own.get("set" if name == "put" else "get"),
+                    }
+                )
+    finally:
+        client.close()
+        if proc is not None:
+            proc.kill()
+            proc.wait()
+            shutil.rmtree(workdir or "", ignore_errors=True)
+    meta = {
+        "load_average": os.getloadavg(),
+        "workers": args.workers,
+        "job": args.job,
+        "checksum": "keyed blake2b" if args.secret else args.checksum,
+        "layers": args.layers,
+    }
+    if args.json:
+        print(json.dumps({"meta": meta, "rows": rows}, indent=2))
+        return
+    print(f"# {meta}")
+    print(
+        f"{'tokens':>6} {'record':>9} {'op':>4} {'ours GB/s':>10} {'raw GB/s':>9} "
+        f"{'ratio':>6} {'IQR':>13} {'redis-benchmark GB/s':>21}"
+    )
+    for row in rows:
+        rb = row["redis_benchmark_gbps"]
+        print(
+            f"{row['tokens']:>6} {row['record_bytes'] >> 10:>7}Ki {row['op']:>4} "
+            f"{row['ours_gbps']:>10.2f} {row['ceiling_gbps']:>9.2f} {row['ratio']:>6.2f} "
+            f"{row['ratio_iqr'][0]:>6.2f}-{row['ratio_iqr'][1]:<6.2f} "
+            f"{'' if rb is None else f'{rb:.2f}':>21}"
+        )
+
+
+if __name__ == "__main__":
+    main()

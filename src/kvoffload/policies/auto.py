@@ -1,0 +1,295 @@
+"""``auto``: run the candidate whose miniature does best, switching with hysteresis.
+
+No fixed policy wins everywhere: which one leads depends on the traffic and the capacity.
+``auto`` serves the cache with one candidate (the *active* one, the first candidate at the
+start) and feeds every access to a :class:`~kvoffload.policies.shadow.ShadowEvaluator` that
+replays each candidate on a hash-sampled slice of the keys. At the end of every shadow window
+it compares the candidates' recent estimated hit ratios and switches the active policy to the
+leader when all of these hold (the hysteresis that keeps it from flapping):
+
+* the shadows have seen ``warmup_windows`` windows;
+* the leader beats the active candidate by more than ``margin + relative_margin * active``
+  (hit ratio over the recent sampled accesses), and significantly: on the recent accesses
+  where exactly one of the two hit, the leader's surplus exceeds ``z`` standard deviations
+  of a fair coin's (a sign test; both miniatures see the same accesses, so this is the
+  noise that matters);
+* it did so in ``patience`` consecutive windows;
+* at least ``min_dwell`` windows have passed since the last switch, and at least as many as
+  came before it (a switch at window ``w`` allows the next one at ``2 w`` at the earliest, so
+  there are at most about log2(windows) switches); each switch back to a candidate that was
+  left before doubles ``min_dwell``.
+
+A switch builds the new candidate and moves the resident set into it with
+:func:`~kvoffload.policies.switching.switch_resident_set` (no block dropped, pins and pending
+writes kept). The block table is ``auto``'s own dict and never changes identity, so a manager
+that caches ``block_table`` stays right across switches. Each switch logs one INFO line,
+is listed in :attr:`AutoCachePolicy.switches` and counted in ``stats()``, which also carries the
+active candidate's index and every shadow estimate.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from kvoffload._checks import check_int, check_number
+from kvoffload.context import ReqContext
+from kvoffload.keys import OffloadKey
+from kvoffload.policies.base import BlockStatus, CachePolicy, Victims, already_stored
+from kvoffload.policies.factory import create_cache_policy
+from kvoffload.policies.shadow import CandidateSpec, ShadowEvaluator, split_candidate
+from kvoffload.policies.switching import switch_resident_set
+
+logger = logging.getLogger(__name__)
+
+#: The built-ins that lead somewhere on the traces and workloads we have
+#: (``benchmarks/auto_policy.py`` prints the table this choice comes from).
+DEFAULT_CANDIDATES: tuple[str, ...] = ("mq", "kvaware", "arc")
+
+
+@dataclass(frozen=True)
+class PolicySwitch:
+    """One switch: when (accesses seen), from which candidate to which, and on what evidence."""
+
+    accesses: int
+    window: int
+    old: str
+    new: str
+    estimates: tuple[tuple[str, float], ...]
+    moved: int
+
+
+def _parse_candidates(candidates: object) -> list[CandidateSpec]:
+    if isinstance(candidates, str):
+        names = [name.strip() for name in candidates.split(",") if name.strip()]
+        if not names:
+            raise ValueError("candidates must name at least one policy, got an empty string")
+        return list(names)
+    if not isinstance(candidates, (list, tuple)):
+        raise TypeError(
+            "candidates must be a comma-separated string or a sequence of policy names / "
+            f"(name, params) pairs, got {type(candidates).__name__}"
+        )
+    out: list[CandidateSpec] = []
+    for spec in candidates:
+        name, params = split_candidate(spec)
+        if name == "auto":
+            raise ValueError("auto cannot be its own candidate")
+        out.append((name, params) if params else name)
+    if not out:
+        raise ValueError("candidates must name at least one policy")
+    return out
+
+
+class AutoCachePolicy(CachePolicy):
+    """Picks a candidate by sampled shadows.
+
+    Serves with the candidate whose miniature does best lately, switching with hysteresis.
+    """
+
+    name = "auto"
+    touches_misses = True
+
+    def __init__(
+        self,
+        cache_capacity: int,
+        candidates: str | Sequence[CandidateSpec] = DEFAULT_CANDIDATES,
+        sample_rate: float = 0.01,
+        min_shadow_blocks: int = 256,
+        window: int = 250,
+        decay: float = 0.97,
+        margin: float = 0.002,
+        relative_margin: float = 0.02,
+        patience: int = 2,
+        min_dwell: int = 4,
+        warmup_windows: int = 2,
+        z: float = 2.0,
+    ) -> None:
+        super().__init__(cache_capacity)
+        specs = _parse_candidates(candidates)
+        self.margin = check_number("margin", margin, 0.0, 1.0)
+        self.relative_margin = check_number("relative_margin", relative_margin, 0.0, 10.0)
+        self.patience = check_int("patience", patience, 1, 2**31)
+        self.min_dwell = check_int("min_dwell", min_dwell, 0, 2**31)
+        self.warmup_windows = check_int("warmup_windows", warmup_windows, 0, 2**31)
+        self.z = check_number("z", z, 0.0, 100.0)
+        self._specs = [split_candidate(spec) for spec in specs]
+        self._shadows = ShadowEvaluator(
+            cache_capacity, specs, sample_rate, min_shadow_blocks, window, decay
+        )
+        self.candidate_names: tuple[str, ...] = tuple(self._shadows.names)
+        self._last_timestamp: float | None = None  # the clock a switch hands the new policy
+        self._switches: list[PolicySwitch] = []
+        self._reset_choice()
+
+    def _build(self, index: int) -> CachePolicy:
+        name, params = self._specs[index]
+        return create_cache_policy(name, self.cache_capacity, None, dict(params))
+
+    def _reset_choice(self) -> None:
+        self._active_index = 0
+        self._active = self._build(0)
+        self._streak = 0
+        self._last_switch_window = 0
+        self._dwell = self.min_dwell
+        self._left: set[int] = set()
+        self._seen_windows = 0
+
+    # ------------------------------------------------------------ introspection
+    @property
+    def active(self) -> CachePolicy:
+        """The candidate policy serving the cache now."""
+        return self._active
+
+    @property
+    def active_name(self) -> str:
+        return self.candidate_names[self._active_index]
+
+    @property
+    def shadows(self) -> ShadowEvaluator:
+        return self._shadows
+
+    @property
+    def switches(self) -> list[PolicySwitch]:
+        """Every switch since construction (or the last ``clear``), oldest first."""
+        return list(self._switches)
+
+    # ------------------------------------------------------------ the decision
+    def _decide(self) -> None:
+        shadows = self._shadows
+        self._seen_windows = shadows.windows
+        if shadows.windows < self.warmup_windows:
+            return
+        ratios = shadows.recent_hit_ratios()
+        names = self.candidate_names
+        values = [ratios[name] for name in names]
+        active = self._active_index
+        current = values[active]
+        n = max(shadows.recent_accesses, 1.0)
+        best, best_lead = -1, 0.0
+        for index in range(len(names)):
+            if index == active:
+                continue
+            wins, losses = shadows.paired(index, active)
+            lead = (wins - losses) / n
+            if (
+                wins - losses > self.z * math.sqrt(wins + losses)
+                and lead > self.margin + self.relative_margin * current
+                and lead > best_lead
+            ):
+                best, best_lead = index, lead
+        if best < 0:
+            self._streak = 0
+            return
+        self._streak += 1
+        if self._streak < self.patience:
+            return
+        since = shadows.windows - self._last_switch_window
+        if since < self._dwell or since < self._last_switch_window:
+            return
+        self._switch_to(best, tuple(zip(names, values, strict=True)))
+
+    def _switch_to(self, index: int, evidence: tuple[tuple[str, float], ...]) -> None:
+        old_index, old = self._active_index, self._active
+        new = self._build(index)
+        ctx = ReqContext(req_id="auto-switch", timestamp=self._last_timestamp)
+        report = switch_resident_set(old, new, resident_keys=self._blocks, req_context=ctx)
+        self._active, self._active_index = new, index
+        if index in self._left:  # coming back to a candidate left before: wait longer next time
+            self._dwell = max(1, self._dwell) * 2
+        self._left.add(old_index)
+        self._streak = 0
+        self._last_switch_window = self._shadows.windows
+        event = PolicySwitch(
+            accesses=self._shadows.seen,
+            window=self._shadows.windows,
+            old=self.candidate_names[old_index],
+            new=self.candidate_names[index],
+            estimates=evidence,
+            moved=report.moved,
+        )
+        self._switches.append(event)
+        logger.info(
+            "auto: switched %s -> %s after %d accesses (estimated hit ratios %s), moved %d blocks",
+            event.old,
+            event.new,
+            event.accesses,
+            ", ".join(f"{name}={value:.4f}" for name, value in evidence),
+            event.moved,
+        )
+
+    # ------------------------------------------------------------ contract
+    def insert(
+        self, key: OffloadKey, block: BlockStatus, req_context: ReqContext | None = None
+    ) -> None:
+        if key in self._blocks:
+            raise already_stored(key)
+        self._blocks[key] = block
+        self._active.insert(key, block, req_context)
+
+    def insert_many(
+        self,
+        keys: Sequence[OffloadKey],
+        blocks: Sequence[BlockStatus],
+        req_context: ReqContext | None = None,
+    ) -> None:
+        self._require_absent(keys)
+        self._blocks.update(zip(keys, blocks, strict=True))
+        self._active.insert_many(keys, blocks, req_context)
+
+    def remove(self, key: OffloadKey) -> None:
+        if self._blocks.pop(key, None) is not None:
+            self._active.remove(key)
+
+    def touch(self, keys: Iterable[OffloadKey], req_context: ReqContext | None = None) -> None:
+        keys = keys if isinstance(keys, (list, tuple)) else list(keys)
+        self._active.touch(keys, req_context)
+        if req_context is not None:
+            self._last_timestamp = req_context.timestamp
+        shadows = self._shadows
+        shadows.record(keys, req_context)
+        if shadows.windows != self._seen_windows:
+            self._decide()
+
+    def evict(self, n: int, protected: Collection[OffloadKey]) -> Victims | None:
+        victims = self._active.evict(n, protected)
+        if victims:
+            table = self._blocks
+            for key, _ in victims:
+                del table[key]
+        return victims
+
+    def mark_evictable(self, key: OffloadKey) -> None:
+        self._active.mark_evictable(key)
+
+    def mark_evictable_many(self, keys: Sequence[OffloadKey]) -> None:
+        self._active.mark_evictable_many(keys)
+
+    def mark_non_evictable(self, key: OffloadKey) -> None:
+        self._active.mark_non_evictable(key)
+
+    def on_request_finished(self, req_context: ReqContext) -> None:
+        self._active.on_request_finished(req_context)
+        self._shadows.request_finished(req_context)
+
+    def clear(self) -> None:
+        self._blocks.clear()
+        self._shadows.clear()
+        self._switches.clear()
+        self._reset_choice()
+
+    def stats(self) -> Mapping[str, float]:
+        out: dict[str, float] = {
+            "blocks": float(len(self._blocks)),
+            "active_index": float(self._active_index),
+            "switches": float(len(self._switches)),
+        }
+        out.update(self._shadows.stats())
+        for key, value in self._active.stats().items():
+            out[f"active_{key}"] = value
+        return out
+
+
+__all__ = ["DEFAULT_CANDIDATES", "AutoCachePolicy", "PolicySwitch"]

@@ -1,0 +1,400 @@
+"""Shadow evaluation: miniature simulations of candidate policies on a sample of the key stream.
+
+SHARDS (Waldspurger et al., FAST'15) spatial sampling: a key is sampled when a hash of it
+falls below ``rate * 2**32``, so every access to a sampled key is seen and none of the others;
+each candidate policy is replayed on the sampled accesses at ``capacity * rate`` blocks, and
+its hit ratio there estimates the hit ratio it would have on the whole stream at
+``capacity``. The cost is about ``rate`` times one real policy per candidate.
+
+The miniatures are driven one block at a time without pinning (the protocol of
+``kvoffload.testing.drive``): a hit is touched; a miss is touched (ghost learning), makes room
+with ``evict(1, {key})`` and is inserted and completed at once. They therefore estimate block
+hit ratios; a prefix cache's usable hit ratio is within a few thousandths of it for most
+policies (``benchmarks/shadow_error.py`` measures both).
+
+Parameters a policy counts in accesses (MQ's ``lifetime``, ``kvaware``'s ``decay_window``;
+see :data:`ACCESS_COUNT_PARAMS`) are scaled by the rate too, as SHARDS scales the capacity.
+
+Small caches make small miniatures, and a miniature of a few blocks says little:
+``min_shadow_blocks`` raises the rate for them (fixed-size SHARDS), up to every key.
+
+Each miniature gets its own :class:`~kvoffload.context.ReqContext` per request (a copy of the
+caller's hints), so policies that keep per-request state in the context (``kvaware``, ``sae``,
+``prefix-lru``) never share it with the live policy or with each other.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from kvoffload._checks import check_int, check_number
+from kvoffload.context import ReqContext
+from kvoffload.keys import OffloadKey
+from kvoffload.policies.base import BlockStatus, CachePolicy
+from kvoffload.policies.factory import create_cache_policy
+
+_HASH_SPACE = 1 << 32
+_MIX = 0x9E3779B1  # odd multiplier: breaks CRC32's linearity over consecutive ids
+
+
+def sample_hash(key: bytes) -> int:
+    """A key's deterministic 32-bit sampling hash (the same in every process)."""
+    return (zlib.crc32(key) * _MIX) & 0xFFFFFFFF
+
+
+def sampling_rate(capacity: int, sample_rate: float, min_shadow_blocks: int) -> float:
+    """``sample_rate``, raised so that ``capacity * rate >= min_shadow_blocks`` (at most 1)."""
+    if capacity <= 0:
+        return 1.0
+    return min(1.0, max(sample_rate, min_shadow_blocks / capacity))
+
+
+CandidateSpec = str | tuple[str, Mapping[str, object]]
+
+#: Parameters counted in accesses (or inserts), by policy: a miniature sees ``rate`` times the
+#: accesses, so it gets them scaled by ``rate`` (from the full-size policy's resolved value),
+#: or its clocks would run ``1 / rate`` times slow and it would decide like a bigger cache.
+ACCESS_COUNT_PARAMS: dict[str, tuple[str, ...]] = {
+    "mq": ("lifetime",),
+    "kvaware": ("decay_window",),
+}
+
+
+def scaled_params(
+    name: str, params: Mapping[str, object], capacity: int, rate: float
+) -> dict[str, object]:
+    """``params`` for a miniature of policy ``name``: access-count parameters times ``rate``."""
+    out = dict(params)
+    counted = ACCESS_COUNT_PARAMS.get(name, ())
+    if not counted or rate >= 1.0:
+        return out
+    full = create_cache_policy(name, capacity, None, dict(params))
+    for attr in counted:
+        value = getattr(full, attr)
+        if isinstance(value, int) and not isinstance(value, bool):
+            out[attr] = max(1, round(value * rate))
+    return out
+
+
+def candidate_name(spec: CandidateSpec) -> str:
+    """A candidate's label: its policy name (params make it ``name(k=v, ...)``)."""
+    if isinstance(spec, str):
+        return spec
+    name, params = spec
+    if not params:
+        return name
+    return f"{name}({', '.join(f'{k}={v}' for k, v in sorted(params.items()))})"
+
+
+def split_candidate(spec: object) -> tuple[str, dict[str, object]]:
+    """A candidate spec as ``(name, params)``; ``TypeError`` for anything else."""
+    if isinstance(spec, str) and spec:
+        return spec, {}
+    if (
+        isinstance(spec, (tuple, list))
+        and len(spec) == 2
+        and isinstance(spec[0], str)
+        and isinstance(spec[1], Mapping)
+    ):
+        return spec[0], dict(spec[1])
+    raise TypeError(
+        f"a candidate must be a policy name or a (name, params mapping) pair, got {spec!r}"
+    )
+
+
+class _Miniature:
+    """One candidate replayed on the sampled accesses at the scaled capacity."""
+
+    __slots__ = ("free", "hits", "label", "next_slot", "policy", "window_hits")
+
+    def __init__(self, label: str, policy: CachePolicy) -> None:
+        self.label = label
+        self.policy = policy
+        self.next_slot = 0
+        self.free: list[BlockStatus] = []
+        self.hits = 0
+        self.window_hits = 0
+
+    def access(self, key: OffloadKey, ctx: ReqContext | None) -> bool:
+        """One access; True on a hit."""
+        policy = self.policy
+        one = [key]
+        if policy.get(key) is not None:
+            self.hits += 1
+            self.window_hits += 1
+            policy.touch(one, ctx)
+            return True
+        policy.touch(one, ctx)
+        capacity = policy.cache_capacity
+        if capacity <= 0:
+            return False
+        if self.next_slot < capacity:
+            status = BlockStatus(self.next_slot, -1)
+            self.next_slot += 1
+        elif self.free:
+            status = self.free.pop()
+            status.ref_cnt = -1
+        else:
+            victims = policy.evict(1, one)
+            if not victims:  # cannot happen without pins; count the access as a miss
+                return False
+            status = victims[0][1]
+            status.ref_cnt = -1
+        policy.insert(key, status, ctx)
+        status.ref_cnt = 0
+        policy.mark_evictable(key)
+        return False
+
+    def clear(self) -> None:
+        self.policy.clear()
+        self.next_slot = 0
+        self.free.clear()
+        self.hits = self.window_hits = 0
+
+
+class _ShadowContexts:
+    """The miniatures' private contexts for one request (kept in the caller's context)."""
+
+    __slots__ = ("contexts", "owner")
+
+    def __init__(self, owner: int, contexts: list[ReqContext]) -> None:
+        self.owner = owner
+        self.contexts = contexts
+
+
+def _copy_context(ctx: ReqContext) -> ReqContext:
+    copy = ReqContext(
+        req_id=ctx.req_id,
+        session_id=ctx.session_id,
+        priority=ctx.priority,
+        priority_duration_s=ctx.priority_duration_s,
+        category=ctx.category,
+        timestamp=ctx.timestamp,
+        prefix_hit_blocks=ctx.prefix_hit_blocks,
+        num_blocks=ctx.num_blocks,
+        partial_tail_key=ctx.partial_tail_key,
+        prompt_tokens=ctx.prompt_tokens,
+        output_tokens=ctx.output_tokens,
+    )
+    copy._positions = ctx._positions  # read-only for policies: share, do not copy
+    return copy
+
+
+@dataclass(frozen=True)
+class ShadowEstimate:
+    """One candidate's estimate: hit ratio since the start and over the recent window."""
+
+    name: str
+    hit_ratio: float
+    recent_hit_ratio: float
+    hits: int
+    accesses: int
+    capacity: int
+
+
+class ShadowEvaluator:
+    """Hash-sampled miniature simulations of candidate policies (see the module docstring).
+
+    Args:
+        capacity: the real cache's capacity in blocks.
+        candidates: policy names, or ``(name, params)`` pairs, to evaluate.
+        sample_rate: share of the key space sampled (SHARDS rate), in (0, 1].
+        min_shadow_blocks: raise the rate so a miniature holds at least this many blocks.
+        window: sampled accesses per window of the recent estimate.
+        decay: weight the recent estimate keeps from the windows before (0 = last only).
+
+    ``record(keys, ctx)`` feeds one access per key, in order; ``estimates()`` reads them.
+    """
+
+    def __init__(
+        self,
+        capacity: int,
+        candidates: Sequence[CandidateSpec],
+        sample_rate: float = 0.01,
+        min_shadow_blocks: int = 0,
+        window: int = 1000,
+        decay: float = 0.5,
+    ) -> None:
+        capacity = check_int("capacity", capacity, 0, 2**62)
+        self.sample_rate = check_number(
+            "sample_rate", sample_rate, 0.0, 1.0, low_open=True, why=" (share of keys sampled)"
+        )
+        self.min_shadow_blocks = check_int("min_shadow_blocks", min_shadow_blocks, 0, 2**62)
+        self.window = check_int("window", window, 1, 2**62)
+        self.decay = check_number("decay", decay, 0.0, 1.0, high_open=True)
+        if isinstance(candidates, (str, bytes)) or not isinstance(candidates, Sequence):
+            raise TypeError("candidates must be a sequence of policy names or (name, params)")
+        if not candidates:
+            raise ValueError("candidates must name at least one policy")
+        self.capacity = capacity
+        self.rate = sampling_rate(capacity, self.sample_rate, self.min_shadow_blocks)
+        self.threshold = min(_HASH_SPACE, int(self.rate * _HASH_SPACE))
+        self.shadow_capacity = max(1, round(capacity * self.rate)) if capacity else 0
+        specs = [split_candidate(spec) for spec in candidates]
+        self.names = [candidate_name((name, params)) for name, params in specs]
+        if len(set(self.names)) != len(self.names):
+            raise ValueError(f"candidates must be distinct, got {self.names}")
+        self._minis = [
+            _Miniature(
+                label,
+                create_cache_policy(
+                    name,
+                    self.shadow_capacity,
+                    None,
+                    scaled_params(name, params, capacity, self.rate),
+                ),
+            )
+            for label, (name, params) in zip(self.names, specs, strict=True)
+        ]
+        self._id = id(self)
+        self.accesses = 0  # sampled accesses
+        self.seen = 0  # all accesses offered
+        self._window_accesses = 0
+        self._recent_hits = [0.0] * len(self._minis)
+        self._recent_accesses = 0.0
+        self.windows = 0  # completed windows
+        # _wins[i][j]: decayed count of sampled accesses that candidate i hit and j missed.
+        self._wins = [[0.0] * len(self._minis) for _ in self._minis]
+
+    # --------------------------------------------------------------- feeding
+    def _contexts(self, ctx: ReqContext | None) -> list[ReqContext] | list[None]:
+        if ctx is None:
+            return [None] * len(self._minis)
+        state = ctx.get_state(_ShadowContexts)
+        if state is None or state.owner != self._id:
+            state = _ShadowContexts(self._id, [_copy_context(ctx) for _ in self._minis])
+            ctx.set_state(state)
+        else:
+            stamp, hits = ctx.timestamp, ctx.prefix_hit_blocks
+            for copy in state.contexts:
+                copy.timestamp = stamp
+                copy.prefix_hit_blocks = hits
+        return state.contexts
+
+    def sampled(self, keys: Iterable[OffloadKey]) -> list[OffloadKey]:
+        """The keys among ``keys`` that this evaluator samples, in order."""
+        threshold = self.threshold
+        if threshold >= _HASH_SPACE:
+            return list(keys)
+        crc = zlib.crc32
+        return [k for k in keys if (crc(k) * _MIX) & 0xFFFFFFFF < threshold]
+
+    def record(self, keys: Iterable[OffloadKey], ctx: ReqContext | None = None) -> int:
+        """Feed one access per key (in order) to every miniature; return how many sampled."""
+        keys = keys if isinstance(keys, (list, tuple)) else list(keys)
+        self.seen += len(keys)
+        picked = self.sampled(keys)
+        if not picked:
+            return 0
+        contexts = self._contexts(ctx)
+        minis = self._minis
+        wins = self._wins
+        for key in picked:
+            hit = [mini.access(key, mctx) for mini, mctx in zip(minis, contexts, strict=True)]
+            if any(hit) and not all(hit):  # the candidates disagree: a paired observation
+                for i, hit_i in enumerate(hit):
+                    if hit_i:
+                        row = wins[i]
+                        for j, hit_j in enumerate(hit):
+                            if not hit_j:
+                                row[j] += 1.0
+            self.accesses += 1
+            self._window_accesses += 1
+            if self._window_accesses >= self.window:
+                self._close_window()
+        return len(picked)
+
+    def _close_window(self) -> None:
+        decay = self.decay
+        for i, mini in enumerate(self._minis):
+            self._recent_hits[i] = self._recent_hits[i] * decay + mini.window_hits
+            mini.window_hits = 0
+        self._recent_accesses = self._recent_accesses * decay + self._window_accesses
+        self._window_accesses = 0
+        for row in self._wins:
+            for j in range(len(row)):
+                row[j] *= decay
+        self.windows += 1
+
+    def request_finished(self, ctx: ReqContext) -> None:
+        """Pass the end of a request (its output length) on to the miniatures."""
+        state = ctx.get_state(_ShadowContexts)
+        if state is None or state.owner != self._id:
+            return
+        for mini, copy in zip(self._minis, state.contexts, strict=True):
+            copy.output_tokens = ctx.output_tokens
+            mini.policy.on_request_finished(copy)
+
+    def clear(self) -> None:
+        """Forget everything: every miniature empty, every count zero."""
+        for mini in self._minis:
+            mini.clear()
+        self.accesses = self.seen = self._window_accesses = 0
+        self._recent_hits = [0.0] * len(self._minis)
+        self._recent_accesses = 0.0
+        self.windows = 0
+        self._wins = [[0.0] * len(self._minis) for _ in self._minis]
+
+    # --------------------------------------------------------------- reading
+    def estimates(self) -> dict[str, ShadowEstimate]:
+        """Every candidate's estimate, by name."""
+        out = {}
+        recent = self._recent_accesses
+        for i, mini in enumerate(self._minis):
+            out[mini.label] = ShadowEstimate(
+                name=mini.label,
+                hit_ratio=mini.hits / self.accesses if self.accesses else 0.0,
+                recent_hit_ratio=self._recent_hits[i] / recent if recent else 0.0,
+                hits=mini.hits,
+                accesses=self.accesses,
+                capacity=mini.policy.cache_capacity,
+            )
+        return out
+
+    @property
+    def recent_accesses(self) -> float:
+        """The decayed number of sampled accesses behind the recent estimates."""
+        return self._recent_accesses
+
+    def paired(self, challenger: int, incumbent: int) -> tuple[float, float]:
+        """Recent (decayed) accesses ``challenger`` hit and ``incumbent`` missed, and the reverse.
+
+        The candidates see the same sampled accesses, so comparing them on the accesses where
+        they disagree (a sign test) is far less noisy than comparing two hit ratios.
+        """
+        return self._wins[challenger][incumbent], self._wins[incumbent][challenger]
+
+    def hit_ratios(self) -> dict[str, float]:
+        """Estimated hit ratio since the start, by candidate name."""
+        return {name: est.hit_ratio for name, est in self.estimates().items()}
+
+    def recent_hit_ratios(self) -> dict[str, float]:
+        """Estimated hit ratio over the decayed recent windows, by candidate name."""
+        return {name: est.recent_hit_ratio for name, est in self.estimates().items()}
+
+    def stats(self) -> dict[str, float]:
+        """Flat gauges (``shadow_<name>_hit_ratio`` ...) for stats and metrics exporters."""
+        out: dict[str, float] = {
+            "shadow_rate": self.rate,
+            "shadow_capacity": float(self.shadow_capacity),
+            "shadow_accesses": float(self.accesses),
+        }
+        for name, est in self.estimates().items():
+            out[f"shadow_{name}_hit_ratio"] = est.hit_ratio
+            out[f"shadow_{name}_recent_hit_ratio"] = est.recent_hit_ratio
+        return out
+
+
+__all__ = [
+    "ACCESS_COUNT_PARAMS",
+    "CandidateSpec",
+    "ShadowEstimate",
+    "ShadowEvaluator",
+    "candidate_name",
+    "sample_hash",
+    "sampling_rate",
+    "scaled_params",
+    "split_candidate",
+]

@@ -1,0 +1,202 @@
+"""The disk tier's in-memory index: records by key, their arena slots, pins and byte counts.
+
+Why it pairs the index with a registry policy: the policy (any ``CachePolicy``) decides victims,
+and the pin count on the shared :class:`BlockStatus` is what keeps records being read
+(``ref_cnt > 0``) or written (``ref_cnt == -1``) out of every eviction; the index adds the byte
+accounting (committed plus reserved for writes in flight) a byte budget needs, and hands out
+arena slots (lowest free first, so the file stays compact). Not thread-safe: the tier calls it
+under its lock.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Collection, Iterator
+from dataclasses import dataclass
+
+from kvoffload.keys import OffloadKey
+from kvoffload.policies import BlockStatus, CachePolicy
+
+
+@dataclass
+class IndexEntry:
+    """One record: its arena slot, its size on disk and its pin state (``status.ref_cnt``)."""
+
+    slot: int
+    nbytes: int
+    status: BlockStatus
+    written_ns: int = 0
+    doomed: bool = False  # found corrupt while pinned: drop when the last reader is done
+    fresh: bool = False  # its slot was never written before (no old header to invalidate)
+
+
+class DiskIndex:
+    """Records by key, with a policy for victims, arena slots and committed/reserved bytes."""
+
+    def __init__(self, policy: CachePolicy, max_slots: int) -> None:
+        self.policy = policy
+        self.max_slots = max_slots
+        self._entries: dict[OffloadKey, IndexEntry] = {}
+        self._free: list[int] = []  # heap of free slots below the high-water mark
+        self.high_water = 0  # slots [0, high_water) have been handed out at some point
+        self.used_bytes = 0  # records whose write completed
+        self.reserved_bytes = 0  # records being written
+        self._next_id = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._entries
+
+    def get(self, key: OffloadKey) -> IndexEntry | None:
+        return self._entries.get(key)
+
+    def items(self) -> Iterator[tuple[OffloadKey, IndexEntry]]:
+        return iter(list(self._entries.items()))
+
+    def _status(self, ref_cnt: int) -> BlockStatus:
+        self._next_id += 1
+        return BlockStatus(self._next_id, ref_cnt)
+
+    # -------------------------------------------------------------- slots
+
+    def _take_slot(self) -> tuple[int, bool] | None:
+        """A free slot and whether it is fresh (past every slot the file ever held)."""
+        if self._free:
+            return heapq.heappop(self._free), False
+        if self.high_water < self.max_slots:
+            self.high_water += 1
+            return self.high_water - 1, True
+        return None
+
+    def release_slot(self, slot: int) -> None:
+        """A slot whose record is gone (and, for deletes, whose header is zeroed) is free."""
+        heapq.heappush(self._free, slot)
+
+    def set_high_water(self, slots: int, free: Collection[int]) -> None:
+        """After a scan: ``slots`` exist in the file, ``free`` of them hold no record."""
+        self.high_water = slots
+        self._free = sorted(free)
+
+    # -------------------------------------------------------------- records
+
+    def add_ready(self, key: OffloadKey, slot: int, nbytes: int, written_ns: int) -> None:
+        """A record found in the arena (restart scan), evictable at once."""
+        entry = IndexEntry(slot, nbytes, self._status(0), written_ns)
+        self._entries[key] = entry
+        self.used_bytes += nbytes
+        self.policy.insert(key, entry.status)
+
+    def make_room(
+        self, nbytes: int, limit: int, protected: Collection[OffloadKey]
+    ) -> list[tuple[OffloadKey, IndexEntry]] | None:
+        """Evict until ``nbytes`` more fit under ``limit``; ``None`` (nothing changed) if not.
+
+        Every record of a tier is one slot, so all are the same size and one ``evict(n)``
+        call frees exactly enough. Victims leave the index at once and their slots are free
+        (a write into a slot invalidates the old header first); pinned and in-flight records
+        are never among them.
+        """
+        deficit = self.used_bytes + self.reserved_bytes + nbytes - limit
+        if deficit <= 0:
+            return []
+        if nbytes > limit or not self._entries:
+            return None
+        unit = nbytes or next(iter(self._entries.values())).nbytes
+        n = -(-deficit // unit)
+        if n > len(self._entries):
+            return None
+        chosen = self.policy.evict(n, protected)
+        if chosen is None:
+            return None
+        victims = []
+        for key, _status in chosen:
+            entry = self._entries.pop(key)
+            self.used_bytes -= entry.nbytes
+            self.release_slot(entry.slot)
+            victims.append((key, entry))
+        return victims
+
+    def begin_write(self, key: OffloadKey, nbytes: int) -> IndexEntry | None:
+        """Reserve a slot and ``nbytes`` for a record being written (never evictable meanwhile).
+
+        ``None`` when no slot is free (the caller's :meth:`make_room` keeps that from happening
+        under a byte budget of whole slots).
+        """
+        taken = self._take_slot()
+        if taken is None:
+            return None
+        entry = IndexEntry(taken[0], nbytes, self._status(-1), fresh=taken[1])
+        self._entries[key] = entry
+        self.reserved_bytes += nbytes
+        self.policy.insert(key, entry.status)
+        return entry
+
+    def end_write(self, key: OffloadKey, ok: bool, written_ns: int = 0) -> None:
+        """A write finished: its bytes count as used (still unreadable until published)."""
+        entry = self._entries[key]
+        self.reserved_bytes -= entry.nbytes
+        if ok:
+            entry.written_ns = written_ns
+            self.used_bytes += entry.nbytes
+        else:
+            del self._entries[key]
+            self.policy.remove(key)
+            self.release_slot(entry.slot)
+
+    def publish(self, keys: list[OffloadKey]) -> None:
+        """Make written records readable and evictable, in the order given.
+
+        The tier publishes a job's records together when the job ends, tail to head, so the
+        policy sees the same order however the I/O threads finished.
+        """
+        for key in keys:
+            self._entries[key].status.ref_cnt = 0
+            self.policy.mark_evictable(key)
+
+    def begin_read(self, key: OffloadKey) -> IndexEntry | None:
+        """Pin a ready record for a read (``None`` if absent, being written or doomed)."""
+        entry = self._entries.get(key)
+        if entry is None or entry.status.ref_cnt < 0 or entry.doomed:
+            return None
+        entry.status.ref_cnt += 1
+        if entry.status.ref_cnt == 1:
+            self.policy.mark_non_evictable(key)
+        return entry
+
+    def end_read(self, key: OffloadKey, corrupt: bool) -> IndexEntry | None:
+        """Unpin; returns the entry when it must now be erased (found corrupt, last reader).
+
+        The erased entry's slot is *not* free yet: the caller zeroes its header, then
+        calls :meth:`release_slot`.
+        """
+        entry = self._entries[key]
+        entry.status.ref_cnt -= 1
+        if corrupt:
+            entry.doomed = True
+        if entry.status.ref_cnt > 0:
+            return None
+        if entry.doomed:
+            del self._entries[key]
+            self.used_bytes -= entry.nbytes
+            self.policy.remove(key)
+            return entry
+        self.policy.mark_evictable(key)
+        return None
+
+    def remove_ready(self, key: OffloadKey) -> IndexEntry | None:
+        """Drop an unpinned record (a delete); ``None`` if it is pinned or being written.
+
+        As with :meth:`end_read`, the slot is released by the caller once its header is zeroed.
+        """
+        entry = self._entries.get(key)
+        if entry is None or entry.status.ref_cnt != 0:
+            return None
+        del self._entries[key]
+        self.used_bytes -= entry.nbytes
+        self.policy.remove(key)
+        return entry
+
+
+__all__ = ["DiskIndex", "IndexEntry"]

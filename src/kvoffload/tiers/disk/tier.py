@@ -1,0 +1,781 @@
+"""``DiskTier``: a bounded, crash-safe, checksummed store of host slots on a local filesystem.
+
+What it fixes in the peers (``reference/tiering.md`` §1.5, §1.11, §2.5): a byte budget and a
+free-space floor (vLLM's fs tier has neither and never deletes a file), eviction by any registry
+policy with in-flight records pinned, self-describing records whose header is written only after
+the payload (optionally with write barriers), a warm restart that rebuilds the index from the
+file (the LMCache and SGLang restart misses) and erases torn records, a checksum verified on
+every read (a bad record is a counted miss, never data), and per-key I/O tasks on a thread pool
+so one large batch uses every thread (vLLM runs a job serially on one thread).
+
+Layout: one arena file per namespace and block size, ``<path>/<namespace hex>/arena-<slot
+bytes>.kv``, cut into slots of ``4 KiB header + slot_bytes``. Every record of a tier is one
+host slot, so all records are the same size: a freed slot is reused in place and nothing ever
+needs compaction (why this is not an append-only log), and no file is created per record (a
+file per record was built and measured first: creating an inode cost 3-5 ms on this project's
+build machine, see ``benchmarks/disk_tier_bandwidth.py``).
+
+A write into a slot is ordered so that the header commits the record, the guarantee a
+temporary name plus rename gives a file: (1) zero the slot's old header, (2) write the payload,
+(3) write the new header. A process killed at any point leaves a slot that is empty, holds the
+old record whole (killed before 1), or holds the new one whole; a torn payload under a valid
+header cannot arise, and the checksums catch it anyway.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import itertools
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from kvoffload.keys import OffloadKey
+from kvoffload.policies import create_cache_policy
+from kvoffload.tiers.base import (
+    JobKind,
+    Medium,
+    Presence,
+    ScannedBlock,
+    SlotMemory,
+    Tier,
+    TierCapabilities,
+    TierHealth,
+    TierResult,
+)
+from kvoffload.tiers.disk.index import DiskIndex, IndexEntry
+from kvoffload.tiers.disk.io import FileLayer, read_full, write_all
+from kvoffload.tiers.disk.records import (
+    HEADER_BYTES,
+    MAX_KEY_BYTES,
+    NAMESPACE_BYTES,
+    RecordError,
+    checksum_function,
+    decode_header,
+    encode_header,
+    is_empty,
+    resolve_checksum,
+)
+
+DURABILITIES = ("none", "rename", "fsync")
+_FREE_SPACE_REFRESH_S = 0.25
+_ZERO_HEADER = bytes(HEADER_BYTES)
+_ZERO_VIEW = memoryview(_ZERO_HEADER)
+_MAX_RUN = 256  # records per vectored call (two buffers each, under IOV_MAX = 1024)
+
+
+def _check_int(name: str, value: object, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
+def namespace_digest(namespace: bytes | str) -> bytes:
+    """The 32 bytes a record carries: a ``namespace_fingerprint`` as is, anything else hashed."""
+    if isinstance(namespace, str):
+        namespace = namespace.encode()
+    if not isinstance(namespace, (bytes, bytearray)):
+        raise TypeError(f"namespace must be bytes or str, got {type(namespace).__name__}")
+    if len(namespace) == NAMESPACE_BYTES:
+        return bytes(namespace)
+    return hashlib.sha256(b"kvoffload-disk-ns\x00" + bytes(namespace)).digest()
+
+
+@dataclass
+class _Job:
+    job_id: int
+    kind: JobKind
+    keys: tuple[OffloadKey, ...]
+    generation: int
+    ok: list[bool]
+    started: float
+    reasons: dict[int, str] = field(default_factory=dict)
+    remaining: int = 0
+    nbytes: int = 0
+    evicted: list[OffloadKey] = field(default_factory=list)
+    written: list[int] = field(default_factory=list)  # indices of keys written, to publish
+
+
+@dataclass(frozen=True)
+class _Item:
+    """One key of a job: its index in the job, host slot and index entry (arena slot)."""
+
+    index: int
+    key: OffloadKey
+    slot: int
+    entry: IndexEntry
+
+
+class DiskTier(Tier):
+    """Records of host slots in an arena file under ``path``, bounded by bytes and free space.
+
+    Args:
+        memory: the host slots puts read from and gets write into.
+        path: the tier's root directory (created if missing); each namespace gets a subfolder.
+        capacity_bytes: the byte budget for records (4 KiB header plus payload each), at
+            least one record; the arena file never grows past it.
+        namespace: a ``namespace_fingerprint`` (model, dtype, layout, ...) or any bytes/str;
+            records of other namespaces are neither seen nor touched.
+        policy: eviction policy name in the registry (or with ``policy_module_path``).
+        policy_params: the policy's keyword tunables.
+        durability: ``"none"`` (header and payload in one write: fastest; a killed process can
+            leave a torn record, which the checksum turns into a counted miss),
+            ``"rename"`` (the default: old header zeroed, payload, then header, so a killed
+            process never leaves a torn record; the name is the config value users of
+            tmp-and-rename file tiers know, with the same guarantee) or ``"fsync"`` (the same
+            with ``fdatasync`` barriers between the steps: survives power loss).
+        min_free_bytes: keep at least this many bytes free on the filesystem (the budget
+            shrinks when other writers fill the disk).
+        io_threads: I/O threads; each key of a job is its own task.
+        checksum: ``"auto"`` (xxh3 when installed, else crc32), ``"xxh3"`` or ``"crc32"``.
+        verify_on_scan: also checksum every payload during the start-up scan (slower restart;
+            reads verify anyway).
+        files: the file layer (tests swap in one that injects faults).
+    """
+
+    name = "disk"
+
+    def __init__(
+        self,
+        memory: SlotMemory,
+        path: str | os.PathLike[str],
+        capacity_bytes: int,
+        *,
+        namespace: bytes | str = b"",
+        policy: str = "lru",
+        policy_params: Mapping[str, object] | None = None,
+        policy_module_path: str | None = None,
+        durability: str = "rename",
+        min_free_bytes: int = 0,
+        io_threads: int = 4,
+        checksum: str = "auto",
+        verify_on_scan: bool = False,
+        files: FileLayer | None = None,
+    ) -> None:
+        super().__init__(memory)
+        if not isinstance(path, (str, os.PathLike)):
+            raise TypeError(f"path must be a str or path-like, got {type(path).__name__}")
+        if durability not in DURABILITIES:
+            raise ValueError(f"durability must be one of {DURABILITIES}, got {durability!r}")
+        if files is not None and not isinstance(files, FileLayer):
+            raise TypeError(f"files must be a FileLayer, got {type(files).__name__}")
+        self.record_bytes = HEADER_BYTES + memory.slot_bytes
+        self.capacity_bytes = _check_int("capacity_bytes", capacity_bytes, self.record_bytes)
+        self.min_free_bytes = _check_int("min_free_bytes", min_free_bytes, 0)
+        io_threads = _check_int("io_threads", io_threads, 1)
+        self._threads = io_threads
+        self.durability = durability
+        self._checksum_kind = resolve_checksum(checksum)
+        fn = checksum_function(self._checksum_kind)
+        if fn is None:  # resolve_checksum only returns kinds available here
+            raise ValueError(f"checksum {checksum!r} is not available in this environment")
+        self._checksum_fn = fn
+        self.verify_on_scan = bool(verify_on_scan)
+        self.files = files if files is not None else FileLayer()
+        self.namespace = namespace_digest(namespace)
+        self.root = os.fspath(path)
+        self.directory = os.path.join(self.root, self.namespace.hex()[:32])
+        # the slot size is part of the name: a tier of another block size is another arena
+        self.arena_path = os.path.join(self.directory, f"arena-{memory.slot_bytes}.kv")
+        max_slots = self.capacity_bytes // self.record_bytes
+        policy_obj = create_cache_policy(
+            policy, max_slots, module_path=policy_module_path, params=dict(policy_params or {})
+        )
+        self._index = DiskIndex(policy_obj, max_slots)
+        self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)
+        self._job_ids = itertools.count(1)
+        self._jobs: dict[int, _Job] = {}
+        self._done: deque[TierResult] = deque()
+        self._closed = False
+        self._limit = self.capacity_bytes
+        self._limit_at = -1.0
+        self._local = threading.local()
+        self._stats: dict[str, float] = dict.fromkeys(
+            (
+                "lookups",
+                "hits",
+                "bytes_read",
+                "bytes_written",
+                "read_seconds",
+                "write_seconds",
+                "gets",
+                "get_hits",
+                "puts",
+                "stored",
+                "evictions",
+                "deletes",
+                "corrupt_records",
+                "torn_records",
+                "scanned_records",
+                "scan_seconds",
+                "erase_errors",
+            ),
+            0.0,
+        )
+        self._drops: dict[str, int] = {}
+        self._get_failures: dict[str, int] = {}
+        self._health = TierHealth(ok=True)
+        self.files.makedirs(self.directory)
+        created = not os.path.exists(self.arena_path)
+        self._fd = self.files.open_arena(self.arena_path)
+        if created and durability == "fsync":
+            self.files.fsync_dir(self.directory)
+        self._pool = ThreadPoolExecutor(max_workers=io_threads, thread_name_prefix="kvoff-disk")
+        self._recover()
+
+    # ----------------------------------------------------------------- the contract
+
+    @property
+    def capabilities(self) -> TierCapabilities:
+        return TierCapabilities(
+            medium=Medium.DISK,
+            shared=False,
+            persistent=True,
+            max_batch=0,
+            max_value_bytes=self.memory.slot_bytes,
+            supports_delete=True,
+        )
+
+    def contains(self, keys: Sequence[OffloadKey]) -> list[Presence]:
+        with self._lock:
+            out = []
+            hits = 0
+            for key in keys:
+                entry = self._index.get(key)
+                if entry is not None and entry.status.ref_cnt >= 0 and not entry.doomed:
+                    out.append(Presence.HIT)
+                    hits += 1
+                else:
+                    out.append(Presence.MISS)
+            self._stats["lookups"] += len(out)
+            self._stats["hits"] += hits
+            return out
+
+    def submit_put(
+        self, keys: Sequence[OffloadKey], slots: Sequence[int], generation: int = 0
+    ) -> int:
+        keys_t, slots_t = self._check_batch(keys, slots)
+        with self._lock:
+            job = self._new_job(JobKind.PUT, keys_t, generation)
+            self._stats["puts"] += len(keys_t)
+            if self._closed:
+                self._fail_all(job, "closed")
+                return self._maybe_finish(job)
+            limit = self._effective_limit()
+            batch = set(keys_t)
+            seen: set[OffloadKey] = set()
+            tasks: list[_Item] = []
+            for i, (key, slot) in enumerate(zip(keys_t, slots_t, strict=True)):
+                reason = self._bad_key(key)
+                if reason is None and key in seen:
+                    reason = "duplicate"
+                if reason is not None:
+                    self._drop(job, i, reason)
+                    continue
+                seen.add(key)
+                existing = self._index.get(key)
+                if existing is not None:
+                    if existing.status.ref_cnt >= 0 and not existing.doomed:
+                        job.ok[i] = True  # records are immutable: already stored
+                    else:
+                        self._drop(job, i, "in_flight")
+                    continue
+                victims = self._index.make_room(self.record_bytes, limit, batch)
+                entry = None if victims is None else self._index.begin_write(key, self.record_bytes)
+                if victims is None or entry is None:
+                    self._drop(job, i, "no_space")
+                    continue
+                job.evicted.extend(victim_key for victim_key, _ in victims)
+                self._stats["evictions"] += len(victims)
+                tasks.append(_Item(i, key, slot, entry))
+            job.remaining = len(tasks)
+            for chunk in self._chunks(tasks):
+                self._pool.submit(self._run_put, job, chunk)
+            return self._maybe_finish(job)
+
+    def submit_get(
+        self, keys: Sequence[OffloadKey], slots: Sequence[int], generation: int = 0
+    ) -> int:
+        keys_t, slots_t = self._check_batch(keys, slots)
+        with self._lock:
+            job = self._new_job(JobKind.GET, keys_t, generation)
+            self._stats["gets"] += len(keys_t)
+            if self._closed:
+                self._fail_all(job, "closed")
+                return self._maybe_finish(job)
+            tasks: list[_Item] = []
+            hit_keys = []
+            for i, (key, slot) in enumerate(zip(keys_t, slots_t, strict=True)):
+                entry = self._index.begin_read(key)
+                if entry is None:
+                    self._get_failed(job, i, "missing")
+                    continue
+                hit_keys.append(key)
+                tasks.append(_Item(i, key, slot, entry))
+            if hit_keys:
+                self._index.policy.touch(reversed(hit_keys))
+            job.remaining = len(tasks)
+            for chunk in self._chunks(tasks):
+                self._pool.submit(self._run_get, job, chunk)
+            return self._maybe_finish(job)
+
+    def submit_delete(self, keys: Sequence[OffloadKey], generation: int = 0) -> int:
+        keys_t = tuple(keys)
+        with self._lock:
+            job = self._new_job(JobKind.DELETE, keys_t, generation)
+            if self._closed:
+                self._fail_all(job, "closed")
+                return self._maybe_finish(job)
+            erase = []
+            for i, key in enumerate(keys_t):
+                if self._index.get(key) is None:
+                    job.ok[i] = True  # absent is gone
+                    continue
+                removed = self._index.remove_ready(key)
+                if removed is None:
+                    job.reasons[i] = "busy"
+                    continue
+                job.ok[i] = True
+                self._stats["deletes"] += 1
+                erase.append(removed.slot)
+            job.remaining = len(erase)
+            for slot in erase:
+                self._pool.submit(self._run_erase, job, slot)
+            return self._maybe_finish(job)
+
+    def poll(self) -> list[TierResult]:
+        with self._lock:
+            out = list(self._done)
+            self._done.clear()
+            return out
+
+    def drain(self, timeout: float) -> bool:
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+            raise TypeError(f"timeout must be a number of seconds, got {type(timeout).__name__}")
+        deadline = time.monotonic() + max(0.0, float(timeout))
+        with self._idle:
+            while self._jobs:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._idle.wait(left)
+            return True
+
+    def health(self) -> TierHealth:
+        """Not ok when the filesystem cannot be queried or is below the free-space floor."""
+        with self._lock:
+            if self._health.ok and self._effective_limit() < self.record_bytes:
+                return TierHealth(ok=False, reason="no slot fits above min_free_bytes")
+            return self._health
+
+    def stats(self) -> dict[str, float]:
+        with self._lock:
+            out = dict(self._stats)
+            out["used_bytes"] = float(self._index.used_bytes)
+            out["reserved_bytes"] = float(self._index.reserved_bytes)
+            out["capacity_bytes"] = float(self.capacity_bytes)
+            out["effective_capacity_bytes"] = float(self._limit)
+            out["records"] = float(len(self._index))
+            out["arena_slots"] = float(self._index.high_water)
+            out["inflight_jobs"] = float(len(self._jobs))
+            for reason, n in self._drops.items():
+                out[f"dropped_{reason}"] = float(n)
+            for reason, n in self._get_failures.items():
+                out[f"get_failed_{reason}"] = float(n)
+            return out
+
+    def scan(self) -> Iterator[ScannedBlock]:
+        """The records the index holds: what the start-up scan found plus stores since."""
+        with self._lock:
+            found = [
+                ScannedBlock(key, entry.nbytes, entry.written_ns / 1e9)
+                for key, entry in self._index.items()
+                if entry.status.ref_cnt >= 0 and not entry.doomed
+            ]
+        return iter(found)
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Cancel queued I/O (reported as ``"cancelled"``), wait for running I/O, stop threads."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self.drain(timeout)
+        self._pool.shutdown(wait=True)
+        self.files.close(self._fd)
+
+    # ----------------------------------------------------------------- helpers
+
+    def _check_batch(
+        self, keys: Sequence[OffloadKey], slots: Sequence[int]
+    ) -> tuple[tuple[OffloadKey, ...], tuple[int, ...]]:
+        keys_t, slots_t = tuple(keys), tuple(slots)
+        if len(keys_t) != len(slots_t):
+            raise ValueError(f"keys and slots must pair up, got {len(keys_t)} and {len(slots_t)}")
+        n = self.memory.num_slots
+        for slot in slots_t:
+            if isinstance(slot, bool) or not isinstance(slot, int):
+                raise TypeError(f"slots must be ints, got {type(slot).__name__}")
+            if not 0 <= slot < n:
+                raise ValueError(f"slot must be in [0, {n}), got {slot}")
+        return keys_t, slots_t
+
+    @staticmethod
+    def _bad_key(key: object) -> str | None:
+        if not isinstance(key, bytes) or not 0 < len(key) <= MAX_KEY_BYTES:
+            return "bad_key"
+        return None
+
+    def _new_job(self, kind: JobKind, keys: tuple[OffloadKey, ...], generation: int) -> _Job:
+        job = _Job(
+            job_id=next(self._job_ids),
+            kind=kind,
+            keys=keys,
+            generation=generation,
+            ok=[False] * len(keys),
+            started=time.perf_counter(),
+        )
+        self._jobs[job.job_id] = job
+        return job
+
+    def _fail_all(self, job: _Job, reason: str) -> None:
+        for i in range(len(job.keys)):
+            job.ok[i] = False
+            job.reasons[i] = reason
+
+    def _drop(self, job: _Job, i: int, reason: str) -> None:
+        job.reasons[i] = reason
+        self._drops[reason] = self._drops.get(reason, 0) + 1
+
+    def _get_failed(self, job: _Job, i: int, reason: str) -> None:
+        job.reasons[i] = reason
+        self._get_failures[reason] = self._get_failures.get(reason, 0) + 1
+
+    def _maybe_finish(self, job: _Job) -> int:
+        """Report the job once its last task is done (call with the lock held)."""
+        if job.remaining == 0 and job.job_id in self._jobs:
+            del self._jobs[job.job_id]
+            if job.written:
+                self._index.publish([job.keys[i] for i in sorted(job.written, reverse=True)])
+            self._done.append(
+                TierResult(
+                    job_id=job.job_id,
+                    kind=job.kind,
+                    keys=job.keys,
+                    ok=tuple(job.ok),
+                    generation=job.generation,
+                    nbytes=job.nbytes,
+                    seconds=time.perf_counter() - job.started,
+                    reasons=dict(job.reasons),
+                    evicted=tuple(job.evicted),
+                )
+            )
+            if not self._jobs:
+                self._idle.notify_all()
+        return job.job_id
+
+    def _effective_limit(self) -> int:
+        """min(budget, what the filesystem can still take above the free-space floor).
+
+        Slots below the arena's high-water mark are already allocated on disk, so only
+        growth past it needs free space: the tier never takes the filesystem below the floor.
+        """
+        now = time.monotonic()
+        if now - self._limit_at >= _FREE_SPACE_REFRESH_S:
+            self._limit_at = now
+            try:
+                free = self.files.free_bytes(self.directory)
+            except OSError as exc:
+                self._health = TierHealth(ok=False, reason=f"statvfs failed: {exc}")
+                return self._limit
+            allocated = self._index.high_water * self.record_bytes
+            # slots the file already holds cost no more space; only growth must stay above
+            # the floor (evicting a record frees a slot, not disk space)
+            headroom = allocated + max(0, free - self.min_free_bytes)
+            self._limit = min(self.capacity_bytes, headroom)
+        return self._limit
+
+    def _header_buffer(self) -> memoryview:
+        buf = getattr(self._local, "header", None)
+        if buf is None:
+            buf = memoryview(bytearray(HEADER_BYTES))
+            self._local.header = buf
+        return buf
+
+    # ----------------------------------------------------------------- I/O tasks (threads)
+
+    def _chunks(self, items: list[_Item]) -> list[list[_Item]]:
+        """A job's keys as tasks: runs of adjacent arena slots, split across the threads.
+
+        Adjacent slots go to the file in one vectored call; a job is cut into at most about
+        ``io_threads`` tasks so one large batch still uses every thread.
+        """
+        if not items:
+            return []
+        items = sorted(items, key=lambda it: it.entry.slot)
+        per_task = min(_MAX_RUN, max(1, -(-len(items) // self._threads)))
+        chunks: list[list[_Item]] = [[items[0]]]
+        for item in items[1:]:
+            last = chunks[-1]
+            if item.entry.slot == last[-1].entry.slot + 1 and len(last) < per_task:
+                last.append(item)
+            else:
+                chunks.append([item])
+        return chunks
+
+    def _run_put(self, job: _Job, items: list[_Item]) -> None:
+        reason: str | None = "cancelled"
+        t0 = time.perf_counter()
+        written_ns = 0
+        if not self._closed:
+            try:
+                written_ns = self._write_run(items)
+                reason = None
+            except OSError as exc:
+                reason = "no_space" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else "io_error"
+            except Exception:
+                reason = "io_error"  # a fault must be a failed key, never escape
+        seconds = time.perf_counter() - t0
+        with self._lock:
+            for item in items:
+                self._index.end_write(item.key, reason is None, written_ns)
+                if reason is None:
+                    job.ok[item.index] = True
+                    job.written.append(item.index)
+                    job.nbytes += self.memory.slot_bytes
+                else:
+                    self._drop(job, item.index, reason)
+            if reason is None:
+                self._stats["stored"] += len(items)
+                self._stats["bytes_written"] += len(items) * self.memory.slot_bytes
+            self._stats["write_seconds"] += seconds
+            job.remaining -= len(items)
+            self._maybe_finish(job)
+
+    def _write_run(self, items: list[_Item]) -> int:
+        """Write records into adjacent arena slots, headers last; returns their timestamp.
+
+        Under ``rename`` and ``fsync`` one vectored write lays down zeroed headers and the
+        payloads in file order (so each old header dies before its payload changes), then the
+        real headers follow one by one: a record exists only once its header is written.
+        """
+        written_ns = time.time_ns()
+        views = [self.memory.slot_view(item.slot) for item in items]
+        headers = [
+            memoryview(
+                encode_header(
+                    item.key,
+                    self.namespace,
+                    view.nbytes,
+                    self._checksum_kind,
+                    self._checksum_fn(view),
+                    written_ns,
+                )
+            )
+            for item, view in zip(items, views, strict=True)
+        ]
+        files, fd = self.files, self._fd
+        first = items[0].entry.slot * self.record_bytes
+        body: list[memoryview] = []
+        if self.durability == "none":
+            for header, view in zip(headers, views, strict=True):
+                body += (header, view)
+            write_all(files, fd, body, first)
+            return written_ns
+        for view in views:
+            body += (_ZERO_VIEW, view)
+        write_all(files, fd, body, first)
+        if self.durability == "fsync":
+            files.fdatasync(fd)
+        for item, header in zip(items, headers, strict=True):
+            write_all(files, fd, [header], item.entry.slot * self.record_bytes)
+        if self.durability == "fsync":
+            files.fdatasync(fd)
+        return written_ns
+
+    def _run_get(self, job: _Job, items: list[_Item]) -> None:
+        reasons: list[str | None] = ["cancelled"] * len(items)
+        t0 = time.perf_counter()
+        if not self._closed:
+            try:
+                reasons = self._read_run(items)
+            except Exception:
+                reasons = ["io_error"] * len(items)  # a fault is a failed key, never escapes
+        seconds = time.perf_counter() - t0
+        with self._lock:
+            for item, reason in zip(items, reasons, strict=True):
+                bad = reason in ("corrupt", "torn")
+                doomed = self._index.end_read(item.key, corrupt=bad)
+                if reason is None:
+                    job.ok[item.index] = True
+                    job.nbytes += self.memory.slot_bytes
+                    self._stats["get_hits"] += 1
+                    self._stats["bytes_read"] += self.memory.slot_bytes
+                else:
+                    if bad:
+                        self._stats["corrupt_records"] += 1
+                    self._get_failed(job, item.index, reason)
+                if doomed is not None:
+                    job.remaining += 1
+                    self._pool.submit(self._run_erase, job, doomed.slot)
+            self._stats["read_seconds"] += seconds
+            job.remaining -= len(items)
+            self._maybe_finish(job)
+
+    def _read_run(self, items: list[_Item]) -> list[str | None]:
+        """Read adjacent records into their host slots in one call, then verify each."""
+        views = [self.memory.slot_view(item.slot) for item in items]
+        header_bufs = memoryview(bytearray(HEADER_BYTES * len(items)))
+        body: list[memoryview] = []
+        for k, view in enumerate(views):
+            body += (header_bufs[k * HEADER_BYTES : (k + 1) * HEADER_BYTES], view)
+        n = read_full(self.files, self._fd, body, items[0].entry.slot * self.record_bytes)
+        out: list[str | None] = []
+        for k, (item, view) in enumerate(zip(items, views, strict=True)):
+            if n < (k + 1) * self.record_bytes:
+                out.append("torn")
+                continue
+            header_buf = header_bufs[k * HEADER_BYTES : (k + 1) * HEADER_BYTES]
+            out.append(self._verify(item.key, header_buf, view))
+        return out
+
+    def _verify(self, key: OffloadKey, header_buf: memoryview, view: memoryview) -> str | None:
+        """Why the record read into ``view`` is not ``key``'s bytes, or ``None`` if it is."""
+        try:
+            header = decode_header(header_buf)
+        except RecordError:
+            return "corrupt"
+        if header.key != key or header.namespace != self.namespace:
+            return "corrupt"
+        if header.payload_len != view.nbytes:
+            return "corrupt"
+        fn = checksum_function(header.checksum_kind)
+        if fn is None:
+            return "unverifiable"
+        if fn(view) != header.payload_checksum:
+            return "corrupt"
+        return None
+
+    def _run_erase(self, job: _Job, arena_slot: int) -> None:
+        """Zero a deleted or corrupt record's header, then free its slot."""
+        failed = False
+        try:
+            write_all(
+                self.files, self._fd, [memoryview(_ZERO_HEADER)], arena_slot * self.record_bytes
+            )
+            if self.durability == "fsync":
+                self.files.fdatasync(self._fd)
+        except Exception:
+            failed = True  # the slot stays out of use: its old header might still be valid
+        with self._lock:
+            if failed:
+                self._stats["erase_errors"] += 1
+            else:
+                self._index.release_slot(arena_slot)
+            job.remaining -= 1
+            self._maybe_finish(job)
+
+    # ----------------------------------------------------------------- warm restart
+
+    def _recover(self) -> None:
+        """Rebuild the index from the arena's headers, oldest record first (seeds the policy).
+
+        Torn or foreign headers are zeroed and counted; slots past the budget (it shrank) are
+        cut off the file; records over the effective limit are evicted by the policy.
+        """
+        t0 = time.perf_counter()
+        files, fd = self.files, self._fd
+        try:
+            size = files.size(fd)
+        except OSError:
+            size = 0
+        whole = size // self.record_bytes
+        max_slots = self._index.max_slots
+        slots = min(whole, max_slots)
+        if size % self.record_bytes:
+            self._stats["torn_records"] += 1  # a trailing partial slot: a write cut short
+        found: list[tuple[int, OffloadKey, int]] = []
+        free: list[int] = []
+        header_buf = self._header_buffer()
+        for arena_slot in range(slots):
+            offset = arena_slot * self.record_bytes
+            try:
+                n = read_full(files, fd, [header_buf], offset)
+            except OSError:
+                n = -1
+            if n == HEADER_BYTES and is_empty(header_buf):
+                free.append(arena_slot)
+                continue
+            key_and_time = self._check_slot(header_buf, n, offset, size)
+            if key_and_time is None:
+                self._stats["torn_records"] += 1
+                self._zero_quietly(offset)
+                free.append(arena_slot)
+                continue
+            key, written_ns = key_and_time
+            found.append((written_ns, key, arena_slot))
+        if size != slots * self.record_bytes:
+            # cut a partial slot, or the slots past a budget that shrank, off the file
+            if whole > max_slots:
+                self._stats["evictions"] += whole - max_slots
+            with contextlib.suppress(OSError):
+                files.truncate(fd, slots * self.record_bytes)
+        found.sort()
+        seen: set[OffloadKey] = set()
+        with self._lock:
+            for written_ns, key, arena_slot in found:
+                if key in seen:  # a duplicate from a crash between two writes: keep the newest
+                    old = self._index.remove_ready(key)
+                    if old is not None:
+                        self._zero_quietly(old.slot * self.record_bytes)
+                        free.append(old.slot)
+                seen.add(key)
+                self._index.add_ready(key, arena_slot, self.record_bytes, written_ns)
+            self._index.set_high_water(slots, free)
+            self._stats["scanned_records"] = float(len(found))
+            over = self._index.make_room(0, self._effective_limit(), ())
+            self._stats["evictions"] += len(over or ())
+            self._stats["scan_seconds"] = time.perf_counter() - t0
+
+    def _check_slot(
+        self, header_buf: memoryview, n: int, offset: int, size: int
+    ) -> tuple[OffloadKey, int] | None:
+        """The record's key and time if its header (and payload, if asked) are right."""
+        if n != HEADER_BYTES or offset + self.record_bytes > size:
+            return None
+        try:
+            header = decode_header(header_buf)
+        except RecordError:
+            return None
+        if header.namespace != self.namespace or header.payload_len != self.memory.slot_bytes:
+            return None
+        if self.verify_on_scan:
+            fn = checksum_function(header.checksum_kind)
+            payload = bytearray(header.payload_len)
+            try:
+                got = read_full(self.files, self._fd, [memoryview(payload)], offset + HEADER_BYTES)
+            except OSError:
+                return None
+            if (
+                fn is None
+                or got != header.payload_len
+                or fn(memoryview(payload)) != header.payload_checksum
+            ):
+                return None
+        return OffloadKey(header.key), header.written_ns
+
+    def _zero_quietly(self, offset: int) -> None:
+        with contextlib.suppress(OSError):
+            write_all(self.files, self._fd, [memoryview(_ZERO_HEADER)], offset)
+
+
+__all__ = ["DURABILITIES", "DiskTier", "namespace_digest"]

@@ -1,0 +1,955 @@
+"""``TieringManager``: the CPU tier as gateway, secondary tiers behind it, one vLLM-shaped API.
+
+Why this shape (``reference/tiering.md`` §1.3, §7.2): engines, :class:`KVOffloader` and the
+simulator speak to an :class:`~kvoffload.manager.OffloadingManager`; a tiered cache must look
+exactly like one so they run unchanged. All data goes device -> CPU -> secondary and back
+(secondaries never touch device memory), so the CPU manager keeps owning slots, pins and
+eviction, and this class only adds the moves between its slots and the secondaries:
+
+* **Lookup** asks the CPU first, then each secondary in order (``contains`` never waits). A
+  block found in a secondary gets a CPU slot at once (a pending store, so it reads
+  ``HIT_PENDING`` and is never promoted twice) and is read by one batched job per tier.
+  Only the contiguous prefix is promoted (:meth:`TieringManager.lookup_prefix`); ``UNKNOWN``
+  presence is ``RETRY``, at most ``lookup_retries`` times per request and key, then a miss.
+* **A failed key is a miss**: its slot is freed and the tier gets a negative verdict for it,
+  so it is not promoted from there again (vllm #49176's livelock).
+* **Writes** follow each tier's policy: ``write_through`` after the CPU store completes,
+  ``write_back`` holds a stored block in the CPU until the tier has it (written when the CPU
+  needs room or the dirty set exceeds its bound), ``selective`` writes what the admission
+  filter admits (offers are CPU stores and CPU hits), ``none`` never writes. The CPU slot is
+  pinned while a tier reads it.
+* **Backpressure and faults**: bounded in-flight bytes per tier, a circuit breaker per tier,
+  and every store not made counted by its reason.
+* **Reset** drains every tier with a deadline; completions from before it are recognised by
+  the generation they carry and ignored. If a tier does not drain in time, the CPU reset
+  waits (lookups miss, stores are dropped) until the tier reports its old jobs, so a late
+  copy can never land in a slot that already holds a new block.
+
+Threading model: one scheduler thread calls it; :meth:`step` (or :meth:`poll`) once per
+scheduler step submits the step's promotions and reaps completions.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import time
+from collections import Counter, OrderedDict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from kvoffload.admission import AdmissionFilter, StoreAfterNOffers
+from kvoffload.context import ReqContext
+from kvoffload.events import OffloadingEvent
+from kvoffload.keys import OffloadKey
+from kvoffload.manager import (
+    CPULoadStoreSpec,
+    CPUOffloadingManager,
+    LookupResult,
+    OffloadingManager,
+    OffloadingStats,
+    PrepareStoreOutput,
+    RequestOffloadingContext,
+)
+from kvoffload.tiers.base import JobKind, Presence, SlotMemory, Tier, TierResult
+from kvoffload.tiers.breaker import BREAKER_GAUGE, BreakerState, CircuitBreaker
+
+logger = logging.getLogger(__name__)
+
+_MISS = LookupResult.MISS
+_HIT = LookupResult.HIT
+_HIT_PENDING = LookupResult.HIT_PENDING
+_RETRY = LookupResult.RETRY
+
+#: Failure reasons that say nothing about the tier's health (they never trip the breaker).
+BENIGN_REASONS = frozenset({"missing", "exists", "no_space", "too_large", "busy", "cancelled"})
+
+
+class WritePolicy(str, enum.Enum):
+    """When a secondary tier receives the CPU tier's blocks."""
+
+    WRITE_THROUGH = "write_through"
+    WRITE_BACK = "write_back"
+    SELECTIVE = "selective"
+    NONE = "none"
+
+
+@dataclass
+class SecondaryTier:
+    """A secondary tier and how the manager uses it.
+
+    Args:
+        tier: the tier (its ``memory`` must be the manager's host slots).
+        write_policy: ``write_through``, ``write_back``, ``selective`` or ``none``.
+        admission: the filter of a ``selective`` tier (default: admit on the
+            ``store_threshold``-th offer).
+        store_threshold: offers before a ``selective`` tier admits a block (default 2).
+        fill: also write blocks promoted from farther tiers into this one.
+        max_inflight_bytes: most bytes of jobs in flight on this tier (0: no bound).
+        breaker_threshold: failed jobs in a row that open its breaker (0: never).
+        breaker_backoff_s / breaker_max_backoff_s: first and longest wait before a probe.
+        lookup_retries: ``RETRY`` answers per request and key while the tier says UNKNOWN.
+        write_back_dirty_blocks: most blocks a ``write_back`` tier keeps held in the CPU
+            before writing the oldest (default: a quarter of the CPU tier).
+        label: name in stats (default: the tier's ``name``; repeated names get ``#i``).
+    """
+
+    tier: Tier
+    write_policy: WritePolicy | str = WritePolicy.WRITE_THROUGH
+    admission: AdmissionFilter | None = None
+    store_threshold: int = 2
+    fill: bool = False
+    max_inflight_bytes: int = 0
+    breaker_threshold: int = 5
+    breaker_backoff_s: float = 1.0
+    breaker_max_backoff_s: float = 60.0
+    lookup_retries: int = 4
+    write_back_dirty_blocks: int = 0
+    label: str | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.tier, Tier):
+            raise TypeError(f"tier must be a Tier, got {type(self.tier).__name__}")
+        try:
+            self.write_policy = WritePolicy(self.write_policy)
+        except ValueError:
+            accepted = ", ".join(p.value for p in WritePolicy)
+            raise ValueError(
+                f"write_policy must be one of {accepted}, got {self.write_policy!r}"
+            ) from None
+        for name in (
+            "store_threshold",
+            "max_inflight_bytes",
+            "lookup_retries",
+            "write_back_dirty_blocks",
+        ):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+            if value < 0:
+                raise ValueError(f"{name} must be >= 0, got {value}")
+        if self.admission is not None and not isinstance(self.admission, AdmissionFilter):
+            raise TypeError(
+                "admission must provide admit(keys, ctx) and reset(), got "
+                f"{type(self.admission).__name__}"
+            )
+
+
+@dataclass(frozen=True)
+class TieringStats(OffloadingStats):
+    """The CPU tier's statistics plus the tiering counters and one dict per secondary tier."""
+
+    tiering: Mapping[str, float] = field(default_factory=dict)
+    tiers: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        out = super().as_dict()
+        out.pop("tiering", None)
+        out.pop("tiers", None)
+        out.update({f"tiering_{k}": v for k, v in self.tiering.items()})
+        for label, stats in self.tiers.items():
+            for name, value in stats.items():
+                if isinstance(value, Mapping):
+                    out.update({f"tier_{label}_{name}_{k}": v for k, v in value.items()})
+                else:
+                    out[f"tier_{label}_{name}"] = value
+        return out
+
+
+@dataclass
+class _Job:
+    kind: JobKind
+    keys: tuple[OffloadKey, ...]
+    ctx: ReqContext
+    generation: int
+    nbytes: int
+    purpose: str  # "promote", "write", "fill"
+
+
+class _RequestState:
+    """Per-request tiering state kept in the request's ``ReqContext``."""
+
+    __slots__ = ("retries", "seen")
+
+    def __init__(self) -> None:
+        self.retries: dict[OffloadKey, int] = {}
+        self.seen: dict[OffloadKey, None] = {}  # this pass's CPU-resident prefix, in order
+
+
+def _request_state(ctx: ReqContext) -> _RequestState:
+    state = ctx.get_state(_RequestState)
+    if state is None:
+        state = _RequestState()
+        ctx.set_state(state)
+    return state
+
+
+_TIER_COUNTERS = (
+    "lookups",
+    "hits",
+    "unknown",
+    "promotions",
+    "promotion_failures",
+    "blocks_written",
+    "write_failures",
+    "already_stored",
+    "bytes_read",
+    "bytes_written",
+    "read_seconds",
+    "write_seconds",
+    "stale_completions",
+    "tier_evictions",
+)
+
+
+class _TierState:
+    """One secondary tier's runtime state."""
+
+    def __init__(
+        self, spec: SecondaryTier, label: str, clock: Callable[[], float], cpu_blocks: int
+    ) -> None:
+        self.spec = spec
+        self.tier = spec.tier
+        self.label = label
+        self.breaker = CircuitBreaker(
+            spec.breaker_threshold, spec.breaker_backoff_s, spec.breaker_max_backoff_s, clock
+        )
+        self.policy = WritePolicy(spec.write_policy)
+        self.admission: AdmissionFilter | None = None
+        if self.policy is WritePolicy.SELECTIVE:
+            self.admission = (  # not `or`: an empty offer table has len() 0
+                spec.admission
+                if spec.admission is not None
+                else StoreAfterNOffers(max(spec.store_threshold, 1))
+            )
+        self.max_batch = spec.tier.capabilities.max_batch
+        self.dirty_limit = spec.write_back_dirty_blocks or max(1, cpu_blocks // 4)
+        self.jobs: dict[int, _Job] = {}
+        self.inflight_bytes = 0
+        self.put_keys: set[OffloadKey] = set()  # keys with a put in flight here
+        self.queue: list[tuple[OffloadKey, int, ReqContext]] = []  # promotions not submitted
+        self.negative: OrderedDict[OffloadKey, None] = OrderedDict()  # failed reads
+        self.dirty: OrderedDict[OffloadKey, ReqContext] = OrderedDict()  # write-back holds
+        self.counters: dict[str, float] = dict.fromkeys(_TIER_COUNTERS, 0)
+        self.drops: Counter[str] = Counter()
+
+    def room(self, slot_bytes: int) -> int | None:
+        """Blocks that still fit under the in-flight bound (``None``: no bound)."""
+        bound = self.spec.max_inflight_bytes
+        if not bound:
+            return None
+        queued = len(self.queue) * slot_bytes
+        return max(0, (bound - self.inflight_bytes - queued) // slot_bytes)
+
+
+class TieringManager(OffloadingManager):
+    """A CPU tier (gateway) with an ordered list of secondary tiers behind it.
+
+    Args:
+        cpu: the CPU tier's manager; it owns slots, pins and CPU eviction.
+        memory: the host slots behind ``cpu`` (every tier addresses the same memory).
+        tiers: secondaries, nearest first (a bare ``Tier`` means ``SecondaryTier(tier)``).
+        clock: time source for the breakers' back-off (injectable for tests).
+        drain_timeout_s: how long ``reset_cache`` and ``shutdown`` wait for the tiers.
+        max_negative: bound of each tier's failed-read memory.
+    """
+
+    def __init__(
+        self,
+        cpu: CPUOffloadingManager,
+        memory: SlotMemory,
+        tiers: Sequence[SecondaryTier | Tier] = (),
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        drain_timeout_s: float = 5.0,
+        max_negative: int = 65536,
+    ) -> None:
+        if not isinstance(cpu, CPUOffloadingManager):
+            raise TypeError(f"cpu must be a CPUOffloadingManager, got {type(cpu).__name__}")
+        if not isinstance(memory, SlotMemory):
+            raise TypeError(f"memory must be a SlotMemory, got {type(memory).__name__}")
+        if memory.num_slots < cpu.num_blocks:
+            raise ValueError(
+                f"memory has {memory.num_slots} slots but the CPU tier has {cpu.num_blocks} blocks"
+            )
+        if isinstance(drain_timeout_s, bool) or not isinstance(drain_timeout_s, (int, float)):
+            raise TypeError(
+                f"drain_timeout_s must be a number, got {type(drain_timeout_s).__name__}"
+            )
+        if drain_timeout_s < 0:
+            raise ValueError(f"drain_timeout_s must be >= 0, got {drain_timeout_s}")
+        if isinstance(max_negative, bool) or not isinstance(max_negative, int) or max_negative < 0:
+            raise ValueError(f"max_negative must be an int >= 0, got {max_negative!r}")
+        self.cpu = cpu
+        self.memory = memory
+        self.slot_bytes = memory.slot_bytes
+        self._clock = clock
+        self.drain_timeout_s = float(drain_timeout_s)
+        self._max_negative = max_negative
+        self._tiers: list[_TierState] = []
+        seen: Counter[str] = Counter()
+        for i, item in enumerate(tiers):
+            spec = item if isinstance(item, SecondaryTier) else SecondaryTier(item)
+            if spec.tier.memory is not memory:
+                raise ValueError(
+                    f"tier {i} ('{spec.tier.name}') addresses other host slots than the manager; "
+                    "build every tier with the manager's memory"
+                )
+            label = spec.label or spec.tier.name
+            seen[label] += 1
+            if seen[label] > 1:
+                label = f"{label}#{i}"
+            self._tiers.append(_TierState(spec, label, clock, cpu.num_blocks))
+        self._slots: dict[OffloadKey, int] = {}  # CPU-resident keys -> slot (mirror of cpu)
+        self._pending: dict[OffloadKey, ReqContext] = {}  # CPU stores in flight -> owner
+        self._promoting: dict[OffloadKey, int] = {}  # key -> tier index of its promotion
+        self._generation = 0
+        self._resetting = False
+        self._internal = ReqContext(req_id="kvoffload-tiering")
+        self._counters: dict[str, int] = dict.fromkeys(
+            (
+                "promotion_allocation_failures",
+                "promotions_cut",
+                "retries",
+                "stale_completions",
+                "reset_timeouts",
+                "resets",
+                "stores_dropped_resetting",
+                "unknown_jobs",
+            ),
+            0,
+        )
+
+    # ---------------------------------------------------------------- helpers
+    @property
+    def generation(self) -> int:
+        """Bumped by every ``reset_cache``; stamped on every tier job."""
+        return self._generation
+
+    @property
+    def tiers(self) -> list[Tier]:
+        return [st.tier for st in self._tiers]
+
+    def tier_state(self, index: int) -> Mapping[str, Any]:
+        """One tier's stats (what ``get_stats().tiers[label]`` holds)."""
+        return self._tier_stats(self._tiers[index])
+
+    def cpu_slot(self, key: OffloadKey) -> int | None:
+        """The CPU slot of a resident key (ready or pending), else ``None``."""
+        return self._slots.get(key)
+
+    def _ctx(self, ctx: ReqContext | None) -> ReqContext:
+        return ctx if ctx is not None else self._internal
+
+    def _jobs_in_flight(self) -> bool:
+        return any(st.jobs for st in self._tiers)
+
+    def _drop(self, st: _TierState, reason: str, count: int) -> None:
+        if count:
+            st.drops[reason] += count
+
+    def _forget_cpu(self, keys: Sequence[OffloadKey]) -> None:
+        for key in keys:
+            self._slots.pop(key, None)
+            self._pending.pop(key, None)
+
+    def _note_store(self, out: PrepareStoreOutput, ctx: ReqContext) -> None:
+        self._forget_cpu(out.evicted_keys)
+        for key, slot in zip(out.keys_to_store, out.store_spec.block_ids, strict=True):
+            self._slots[key] = slot
+            self._pending[key] = ctx
+
+    def _negative(self, st: _TierState, key: OffloadKey) -> None:
+        if not self._max_negative:
+            return
+        st.negative[key] = None
+        st.negative.move_to_end(key)
+        while len(st.negative) > self._max_negative:
+            st.negative.popitem(last=False)
+
+    # ----------------------------------------------------------------- lookup
+    def _locate(
+        self, keys: Sequence[OffloadKey], ctx: ReqContext
+    ) -> list[tuple[LookupResult, int]]:
+        """For keys not in the CPU: (HIT, tier) / (RETRY, -1) / (MISS, -1), tiers in order."""
+        found: list[int] = [-1] * len(keys)
+        unknown: list[int] = [-1] * len(keys)  # first tier that answered UNKNOWN
+        todo = list(range(len(keys)))
+        for index, st in enumerate(self._tiers):
+            if not todo:
+                break
+            if not st.breaker.allows():
+                continue
+            asked = [keys[i] for i in todo]
+            st.counters["lookups"] += len(asked)
+            presence = st.tier.contains(asked)
+            left = []
+            for i, verdict in zip(todo, presence, strict=True):
+                if verdict is Presence.HIT and keys[i] not in st.negative:
+                    found[i] = index
+                    st.counters["hits"] += 1
+                else:
+                    if verdict is Presence.UNKNOWN and unknown[i] < 0:
+                        unknown[i] = index
+                        st.counters["unknown"] += 1
+                    left.append(i)
+            todo = left
+        out: list[tuple[LookupResult, int]] = []
+        state: _RequestState | None = None
+        for i, key in enumerate(keys):
+            if found[i] >= 0:
+                out.append((_HIT, found[i]))
+            elif unknown[i] >= 0:
+                if state is None:
+                    state = _request_state(ctx)
+                asked_before = state.retries.get(key, 0)
+                if asked_before < self._tiers[unknown[i]].spec.lookup_retries:
+                    state.retries[key] = asked_before + 1
+                    self._counters["retries"] += 1
+                    out.append((_RETRY, -1))
+                else:
+                    out.append((_MISS, -1))
+            else:
+                out.append((_MISS, -1))
+        return out
+
+    def _allocate(
+        self,
+        keys: list[OffloadKey],
+        tiers: list[int],
+        ctx: ReqContext,
+        prefix: Sequence[OffloadKey] = (),
+    ) -> int:
+        """Give promoted ``keys`` CPU slots and queue their reads; returns how many (a prefix).
+
+        ``prefix`` is the request's whole prefix (``keys`` among it): offered with them, its
+        CPU-resident blocks are protected, so a promotion never evicts the prefix it extends.
+        """
+        cut = len(keys)
+        wanted: Counter[int] = Counter()
+        for i, index in enumerate(tiers):
+            st = self._tiers[index]
+            wanted[index] += 1
+            room = st.room(self.slot_bytes)
+            if room is not None and room < wanted[index]:
+                self._drop(st, "promotion_inflight_limit", 1)
+                cut = i
+                break
+        keys, tiers = keys[:cut], tiers[:cut]
+        if not keys:
+            return 0
+        out = self.cpu.prepare_store(list(prefix) if prefix else keys, ctx)
+        if out is None:
+            self._counters["promotion_allocation_failures"] += 1
+            return 0
+        self._note_store(out, ctx)
+        stored = set(out.keys_to_store)
+        kept = len(keys)
+        for i, key in enumerate(keys):
+            if key not in stored:  # rejected by the CPU's admission (or stored meanwhile)
+                kept = i
+                self._counters["promotions_cut"] += 1
+                break
+        beyond = [k for k in keys[kept:] if k in stored]
+        if beyond:
+            self.cpu.complete_store(beyond, ctx, success=False)
+            self._forget_cpu(beyond)
+        for key, index in zip(keys[:kept], tiers[:kept], strict=True):
+            self._tiers[index].queue.append((key, self._slots[key], ctx))
+            self._promoting[key] = index
+        return kept
+
+    def lookup(self, key: OffloadKey, ctx: ReqContext | None = None) -> LookupResult:
+        """CPU first, then the secondaries; a secondary hit starts a promotion (``HIT_PENDING``).
+
+        Promotions found by single-key lookups are batched until the next :meth:`step`, store,
+        full miss, or a lookup that asks again about a block still queued.
+        """
+        self._reap()
+        if self._resetting:
+            return _MISS
+        result = self.cpu.lookup(key, ctx)
+        if not self._tiers:
+            return result
+        owner = self._ctx(ctx)
+        seen = _request_state(owner).seen
+        if result is not _MISS:
+            if key in seen:  # the driver starts a new pass over its prefix
+                seen.clear()
+                self._flush()
+            seen[key] = None
+            return result
+        verdict, index = self._locate([key], owner)[0]
+        if verdict is _HIT:
+            # Offered with the pass's CPU-resident prefix, so the promotion cannot evict it.
+            if self._allocate([key], [index], owner, [*seen, key]):
+                seen[key] = None
+                return _HIT_PENDING
+            verdict = _MISS
+        seen.clear()
+        if verdict is _MISS:
+            self._flush()  # the prefix ends here
+        return verdict
+
+    def lookup_prefix(
+        self, keys: Sequence[OffloadKey], ctx: ReqContext | None = None
+    ) -> list[LookupResult]:
+        """Each key's result for a request's prefix, promoting the contiguous hit prefix.
+
+        The walk stops at the first key found nowhere (MISS) or not known yet (RETRY); keys
+        after it are ``MISS`` without being asked. Blocks found in secondaries get CPU slots
+        and are read by one job per tier, submitted now.
+        """
+        self._reap()
+        results = [_MISS] * len(keys)
+        if self._resetting or not keys:
+            return results
+        owner = self._ctx(ctx)
+        absent = [k for k in keys if k not in self._slots]
+        located = dict(zip(absent, self._locate(absent, owner), strict=True)) if self._tiers else {}
+        promote: list[OffloadKey] = []
+        promote_at: list[int] = []
+        tiers: list[int] = []
+        stop = len(keys)
+        end = _MISS  # the verdict of the key that ends the prefix
+        for i, key in enumerate(keys):
+            if key in self._slots:
+                continue
+            verdict, index = located.get(key, (_MISS, -1))
+            if key in promote:  # a repeated key: already part of the prefix
+                continue
+            if verdict is _HIT:
+                promote.append(key)
+                promote_at.append(i)
+                tiers.append(index)
+                continue
+            stop, end = i, verdict
+            break
+        if promote:
+            kept = self._allocate(promote, tiers, owner, keys[:stop])
+            if kept < len(promote):  # no room (or not admitted): the prefix ends there
+                stop, end = promote_at[kept], _MISS
+            self._flush()
+        for i in range(stop):
+            results[i] = self.cpu.lookup(keys[i], ctx)
+        if stop < len(keys):
+            results[stop] = end
+        if stop < len(keys) and results[stop] is _MISS:
+            self.cpu.lookup(
+                keys[stop], ctx
+            )  # count the miss that ends the prefix, as a driver does
+        return results
+
+    # ------------------------------------------------------------------ moves
+    def _flush(self) -> None:
+        """Submit every queued promotion: one job per tier (split by its ``max_batch``)."""
+        for st in self._tiers:
+            if not st.queue:
+                continue
+            queue, st.queue = st.queue, []
+            by_ctx: dict[int, list[tuple[OffloadKey, int, ReqContext]]] = {}
+            for item in queue:
+                by_ctx.setdefault(id(item[2]), []).append(item)
+            for items in by_ctx.values():
+                step = st.max_batch or len(items)
+                for start in range(0, len(items), step):
+                    part = items[start : start + step]
+                    keys = tuple(k for k, _, _ in part)
+                    slots = [s for _, s, _ in part]
+                    nbytes = len(keys) * self.slot_bytes
+                    job_id = st.tier.submit_get(keys, slots, self._generation)
+                    st.breaker.on_submit()
+                    st.jobs[job_id] = _Job(
+                        JobKind.GET, keys, part[0][2], self._generation, nbytes, "promote"
+                    )
+                    st.inflight_bytes += nbytes
+
+    def _write(
+        self,
+        st: _TierState,
+        keys: Sequence[OffloadKey],
+        ctx: ReqContext,
+        purpose: str,
+        pinned: bool = False,
+    ) -> list[OffloadKey]:
+        """Put CPU-ready ``keys`` to ``st``; returns the keys submitted.
+
+        With ``pinned`` the keys already hold a CPU pin (a write-back hold) that the put's
+        completion releases; otherwise the put pins them itself.
+        """
+        if self._resetting:
+            self._drop(st, "resetting", len(keys))
+            return []
+        fresh = [k for k in dict.fromkeys(keys) if k not in st.put_keys]
+        if fresh:
+            presence = st.tier.contains(fresh)
+            stored = [k for k, p in zip(fresh, presence, strict=True) if p is Presence.HIT]
+            st.counters["already_stored"] += len(stored)
+            fresh = [k for k, p in zip(fresh, presence, strict=True) if p is not Presence.HIT]
+        if not fresh:
+            return []
+        if not st.breaker.allows():
+            self._drop(st, "breaker_open", len(fresh))
+            return []
+        room = st.room(self.slot_bytes)
+        if room is not None and room < len(fresh):
+            self._drop(st, "inflight_limit", len(fresh) - room)
+            fresh = fresh[:room]
+            if not fresh:
+                return []
+        if pinned:
+            slots = [self._slots[k] for k in fresh]
+        else:
+            slots = list(self.cpu.prepare_load(fresh, ctx).block_ids)
+        step = st.max_batch or len(fresh)
+        for start in range(0, len(fresh), step):
+            part = tuple(fresh[start : start + step])
+            nbytes = len(part) * self.slot_bytes
+            job_id = st.tier.submit_put(part, slots[start : start + step], self._generation)
+            st.breaker.on_submit()
+            st.jobs[job_id] = _Job(JobKind.PUT, part, ctx, self._generation, nbytes, purpose)
+            st.inflight_bytes += nbytes
+            st.put_keys.update(part)
+        return fresh
+
+    def _cascade(self, keys: list[OffloadKey], ctx: ReqContext) -> None:
+        """Blocks that just became ready in the CPU: hand them to each tier's write policy."""
+        for st in self._tiers:
+            if st.policy is WritePolicy.WRITE_THROUGH:
+                self._write(st, keys, ctx, "write")
+            elif st.policy is WritePolicy.SELECTIVE:
+                self._offer(st, keys, ctx)
+            elif st.policy is WritePolicy.WRITE_BACK:
+                fresh = [k for k in keys if k not in st.dirty and k not in st.put_keys]
+                if not fresh or self._resetting:
+                    continue
+                if not st.breaker.allows():
+                    self._drop(st, "breaker_open", len(fresh))
+                    continue
+                self.cpu.prepare_load(fresh, ctx)  # the hold: never evicted until written
+                for key in fresh:
+                    st.dirty[key] = ctx
+                self._write_back(st)
+
+    def _offer(self, st: _TierState, keys: Sequence[OffloadKey], ctx: ReqContext) -> None:
+        assert_filter = st.admission
+        if assert_filter is None:  # cannot happen: selective tiers always get one
+            raise RuntimeError("selective tier without an admission filter")
+        candidates = [k for k in keys if k not in st.put_keys]
+        if not candidates:
+            return
+        presence = st.tier.contains(candidates)
+        candidates = [k for k, p in zip(candidates, presence, strict=True) if p is not Presence.HIT]
+        if not candidates:
+            return
+        admitted = assert_filter.admit(candidates, ctx)
+        self._drop(st, "admission", len(candidates) - len(admitted))
+        if admitted:
+            self._write(st, admitted, ctx, "write")
+
+    def _write_back(self, st: _TierState, need: int = 0) -> None:
+        """Write the oldest held blocks beyond the dirty bound (and ``need`` more)."""
+        count = max(len(st.dirty) - st.dirty_limit, min(need, len(st.dirty)))
+        if count <= 0:
+            return
+        if not st.breaker.allows():
+            self._release_dirty(st, list(st.dirty)[:count], "breaker_open")
+            return
+        room = st.room(self.slot_bytes)
+        if room is not None:
+            count = min(count, room)  # the rest stays held and goes when room frees
+        batch = list(st.dirty.items())[:count]
+        by_ctx: dict[int, tuple[ReqContext, list[OffloadKey]]] = {}
+        for key, ctx in batch:
+            del st.dirty[key]
+            by_ctx.setdefault(id(ctx), (ctx, []))[1].append(key)
+        for ctx, keys in by_ctx.values():
+            submitted = set(self._write(st, keys, ctx, "write_back", pinned=True))
+            rest = [k for k in keys if k not in submitted]
+            if rest:  # already stored there, or dropped: the hold goes
+                self.cpu.complete_load(rest, ctx)
+
+    def _release_dirty(self, st: _TierState, keys: list[OffloadKey], reason: str) -> None:
+        by_ctx: dict[int, tuple[ReqContext, list[OffloadKey]]] = {}
+        for key in keys:
+            ctx = st.dirty.pop(key)
+            by_ctx.setdefault(id(ctx), (ctx, []))[1].append(key)
+        for ctx, group in by_ctx.values():
+            self.cpu.complete_load(group, ctx)
+        self._drop(st, reason, len(keys))
+
+    # ----------------------------------------------------------- completions
+    def _reap(self) -> int:
+        """Process every finished tier job; returns how many."""
+        if not self._jobs_in_flight():
+            if self._resetting:
+                self._finish_reset()
+            return 0
+        done = 0
+        for index, st in enumerate(self._tiers):
+            if not st.jobs:
+                continue
+            for result in st.tier.poll():
+                job = st.jobs.pop(result.job_id, None)
+                if job is None:
+                    self._counters["unknown_jobs"] += 1
+                    continue
+                done += 1
+                self._finish(index, st, job, result)
+        if self._resetting and not self._jobs_in_flight():
+            self._finish_reset()
+        return done
+
+    def _finish(self, index: int, st: _TierState, job: _Job, result: TierResult) -> None:
+        st.inflight_bytes -= job.nbytes
+        failed = [i for i, ok in enumerate(result.ok) if not ok]
+        faults = [i for i in failed if result.reasons.get(i, "failed") not in BENIGN_REASONS]
+        st.breaker.record(not faults)
+        st.counters["tier_evictions"] += len(result.evicted)
+        stale = job.generation != self._generation
+        if stale:
+            st.counters["stale_completions"] += 1
+            self._counters["stale_completions"] += 1
+        if job.kind is JobKind.GET:
+            self._finish_get(index, st, job, result, failed, stale)
+        elif job.kind is JobKind.PUT:
+            self._finish_put(st, job, result, failed)
+
+    def _finish_get(
+        self,
+        index: int,
+        st: _TierState,
+        job: _Job,
+        result: TierResult,
+        failed: list[int],
+        stale: bool,
+    ) -> None:
+        for key in job.keys:
+            self._promoting.pop(key, None)
+        if stale:  # the CPU reset waits for this job, so its slots are still this job's
+            self.cpu.complete_store(list(job.keys), job.ctx, success=False)
+            self._forget_cpu(job.keys)
+            return
+        bad = [job.keys[i] for i in failed]
+        good = [k for i, k in enumerate(job.keys) if result.ok[i]]
+        st.counters["bytes_read"] += result.nbytes
+        st.counters["read_seconds"] += result.seconds
+        st.counters["promotions"] += len(good)
+        st.counters["promotion_failures"] += len(bad)
+        if good:
+            self.cpu.complete_store(good, job.ctx, success=True)
+            for key in good:
+                self._pending.pop(key, None)
+        if bad:
+            self.cpu.complete_store(bad, job.ctx, success=False)
+            self._forget_cpu(bad)
+            for key in bad:
+                self._negative(st, key)
+        if good:
+            for nearer in self._tiers[:index]:
+                if nearer.spec.fill:
+                    self._write(nearer, good, job.ctx, "fill")
+
+    def _finish_put(self, st: _TierState, job: _Job, result: TierResult, failed: list[int]) -> None:
+        st.put_keys.difference_update(job.keys)
+        self.cpu.complete_load(list(job.keys), job.ctx)  # the put's (or the hold's) pin
+        st.counters["bytes_written"] += result.nbytes
+        st.counters["write_seconds"] += result.seconds
+        st.counters["blocks_written"] += len(job.keys) - len(failed)
+        st.counters["write_failures"] += len(failed)
+        for i in failed:
+            self._drop(st, f"failed_{result.reasons.get(i, 'failed')}", 1)
+        for i, key in enumerate(job.keys):
+            if result.ok[i]:
+                st.negative.pop(key, None)
+        if st.dirty:
+            self._write_back(st)
+
+    # -------------------------------------------------------------- the API
+    def step(self) -> int:
+        """Once per scheduler step: submit queued promotions, reap completions, write back."""
+        if self._internal.get_state(_RequestState) is not None:  # ctx-less lookups ran
+            self.on_request_finished(self._internal)
+        self._flush()
+        done = self._reap()
+        for st in self._tiers:
+            if st.dirty:
+                self._write_back(st)
+        return done
+
+    poll = step
+
+    def _end_pass(self, ctx: ReqContext) -> None:
+        state = ctx.get_state(_RequestState)
+        if state is not None:
+            state.seen.clear()
+
+    def prepare_load(self, keys: Sequence[OffloadKey], ctx: ReqContext) -> CPULoadStoreSpec:
+        self._end_pass(ctx)
+        spec = self.cpu.prepare_load(keys, ctx)
+        for st in self._tiers:
+            if st.policy is WritePolicy.SELECTIVE and not self._resetting:
+                self._offer(st, keys, ctx)  # a CPU hit is an offer
+        return spec
+
+    def touch(self, keys: Sequence[OffloadKey], ctx: ReqContext | None = None) -> None:
+        self.cpu.touch(keys, ctx)
+
+    def complete_load(self, keys: Sequence[OffloadKey], ctx: ReqContext) -> None:
+        self.cpu.complete_load(keys, ctx)
+
+    def prepare_store(
+        self, keys: Sequence[OffloadKey], ctx: ReqContext
+    ) -> PrepareStoreOutput | None:
+        self._end_pass(ctx)
+        if self._resetting:
+            self._counters["stores_dropped_resetting"] += 1
+            return None
+        self._flush()
+        self._reap()
+        out = self.cpu.prepare_store(keys, ctx)
+        if out is None:
+            for st in self._tiers:
+                if st.dirty:  # the CPU is held full: write back what blocks it
+                    self._write_back(st, need=len(keys))
+            return None
+        self._note_store(out, ctx)
+        return out
+
+    def complete_store(
+        self, keys: Sequence[OffloadKey], ctx: ReqContext, success: bool = True
+    ) -> None:
+        mine = [k for k in dict.fromkeys(keys) if self._pending.get(k) is ctx]
+        self.cpu.complete_store(keys, ctx, success)
+        if not success:
+            self._forget_cpu(mine)
+            return
+        for key in mine:
+            del self._pending[key]
+        if mine and self._tiers and not self._resetting:
+            self._cascade(mine, ctx)
+
+    def on_new_request(self, ctx: ReqContext) -> RequestOffloadingContext:
+        return self.cpu.on_new_request(ctx)
+
+    def on_request_finished(self, ctx: ReqContext) -> None:
+        state = ctx.get_state(_RequestState)
+        if state is not None:
+            state.retries.clear()
+            state.seen.clear()
+        self.cpu.on_request_finished(ctx)
+
+    def take_events(self) -> list[OffloadingEvent]:
+        return self.cpu.take_events()
+
+    def has_pending_work(self) -> bool:
+        return self._resetting or any(st.jobs or st.queue for st in self._tiers)
+
+    def reset_cache(self) -> None:
+        """Drop every CPU block; tiers keep theirs. Old jobs are drained (with a deadline)."""
+        self._generation += 1
+        self._counters["resets"] += 1
+        for st in self._tiers:
+            queued, st.queue = st.queue, []
+            by_ctx: dict[int, tuple[ReqContext, list[OffloadKey]]] = {}
+            for key, _, ctx in queued:
+                self._promoting.pop(key, None)
+                by_ctx.setdefault(id(ctx), (ctx, []))[1].append(key)
+            for ctx, keys in by_ctx.values():
+                self.cpu.complete_store(keys, ctx, success=False)
+                self._forget_cpu(keys)
+            if st.dirty:
+                self._release_dirty(st, list(st.dirty), "reset")
+        deadline = time.monotonic() + self.drain_timeout_s
+        for st in self._tiers:
+            if st.jobs:
+                st.tier.drain(max(0.0, deadline - time.monotonic()))
+        self._resetting = True
+        self._reap()  # finishes the reset when nothing is left in flight
+        if self._resetting:
+            self._counters["reset_timeouts"] += 1
+            logger.warning(
+                "reset_cache: tiers %s did not drain within %.1f s; the CPU reset waits for them",
+                [st.label for st in self._tiers if st.jobs],
+                self.drain_timeout_s,
+            )
+
+    def _finish_reset(self) -> None:
+        self.cpu.reset_cache()
+        self._slots.clear()
+        self._pending.clear()
+        self._promoting.clear()
+        for st in self._tiers:
+            if st.admission is not None:
+                st.admission.reset()
+        self._resetting = False
+
+    @property
+    def resetting(self) -> bool:
+        """True while a reset waits for tiers that did not drain in time."""
+        return self._resetting
+
+    def _tier_stats(self, st: _TierState) -> dict[str, Any]:
+        out: dict[str, Any] = dict(st.counters)
+        out.update(
+            write_policy=st.policy.value,
+            jobs_in_flight=len(st.jobs),
+            inflight_bytes=st.inflight_bytes,
+            queued_promotions=len(st.queue),
+            dirty_blocks=len(st.dirty),
+            negative_keys=len(st.negative),
+            breaker_state=st.breaker.state.value,
+            breaker_gauge=BREAKER_GAUGE[st.breaker.state],
+            breaker_trips=st.breaker.trips,
+            breaker_failures=st.breaker.failures,
+            drops=dict(st.drops),
+            dropped_blocks=sum(st.drops.values()),
+        )
+        out.update({f"medium_{k}": v for k, v in st.tier.stats().items()})
+        return out
+
+    def get_stats(self) -> TieringStats:
+        base = self.cpu.get_stats()
+        values = {f.name: getattr(base, f.name) for f in fields(base)}
+        return TieringStats(
+            **values,
+            tiering={
+                **self._counters,
+                "generation": self._generation,
+                "resetting": int(self._resetting),
+            },
+            tiers={st.label: self._tier_stats(st) for st in self._tiers},
+        )
+
+    def shutdown(self) -> None:
+        """Drain (with the deadline), close every tier, then the CPU tier."""
+        deadline = time.monotonic() + self.drain_timeout_s
+        for st in self._tiers:
+            if st.jobs:
+                st.tier.drain(max(0.0, deadline - time.monotonic()))
+        self._reap()
+        errors: list[str] = []
+        for st in self._tiers:
+            try:
+                st.tier.close()
+            except Exception as exc:  # close the others anyway, then report
+                errors.append(f"{st.label}: {type(exc).__name__}: {exc}")
+        self.cpu.shutdown()
+        if errors:
+            raise RuntimeError("closing tiers failed: " + "; ".join(errors))
+
+
+def breaker_state(manager: TieringManager, index: int) -> BreakerState:
+    """The breaker state of the ``index``-th secondary tier (for tests and dashboards)."""
+    return manager._tiers[index].breaker.state
+
+
+__all__ = [
+    "BENIGN_REASONS",
+    "SecondaryTier",
+    "TieringManager",
+    "TieringStats",
+    "WritePolicy",
+    "breaker_state",
+]

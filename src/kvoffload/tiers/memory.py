@@ -1,0 +1,394 @@
+"""``MemoryTier``: a byte-bounded :class:`~kvoffload.tiers.base.Tier` that keeps records in a dict.
+
+Why it exists: tests of the tiering manager and the simulator's simulated tiers need a tier
+that behaves like an asynchronous one (jobs finish only when polled, after a configurable
+number of polls or seconds, and may fail) without files or sockets. Bytes are copied when a
+job *completes*, not when it is submitted, so a caller that reuses a host slot before a put
+is polled stores the wrong bytes here, exactly as it would on a real disk: the tests catch it.
+
+Faults are injected through plain attributes (``fail_keys``, ``fail_all``, ``unknown_keys``,
+``stuck``) so a test can switch them between steps.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvoffload.keys import OffloadKey
+from kvoffload.policies import BlockStatus, CachePolicy, create_cache_policy
+from kvoffload.tiers.base import (
+    JobKind,
+    Medium,
+    Presence,
+    ScannedBlock,
+    SlotMemory,
+    Tier,
+    TierCapabilities,
+    TierHealth,
+    TierJob,
+    TierResult,
+)
+
+
+@dataclass
+class _Pending:
+    job: TierJob
+    ready_at: float
+    polls_left: int
+    fail: dict[int, str] = field(default_factory=dict)  # index -> reason, decided at submit
+    skip: set[int] = field(default_factory=set)  # puts of keys already stored: no write
+    submitted: float = 0.0
+    evicted: tuple[OffloadKey, ...] = ()  # records dropped to make room for this put
+
+
+class MemoryTier(Tier):
+    """An in-memory tier of ``capacity_bytes`` (one record = one host slot).
+
+    Args:
+        memory: the host slots jobs read from and write into.
+        capacity_bytes: byte budget; it holds ``capacity_bytes // memory.slot_bytes`` records.
+        policy: eviction policy name from the registry (``"lru"``, ``"arc"``, ...) or an instance.
+        policy_params: keyword parameters for the policy.
+        medium / shared / persistent / max_batch: declared capabilities.
+        latency_polls: a job completes on the ``latency_polls + 1``-th poll after submission.
+        latency_s: ... and no sooner than ``latency_s`` seconds (on ``clock``) after it.
+        clock: time source (injectable for tests).
+        name: label in stats (default ``"memory"``).
+
+    Fault injection (attributes, change them any time): ``fail_keys`` maps a key to the
+    reason its puts and gets fail with; ``fail_all`` (a reason or ``None``) fails every key
+    of jobs submitted while it is set; ``unknown_keys`` answer ``UNKNOWN`` in ``contains``;
+    ``stuck`` keeps jobs from completing (``drain`` then returns False at once).
+    """
+
+    def __init__(
+        self,
+        memory: SlotMemory,
+        capacity_bytes: int,
+        policy: str | CachePolicy = "lru",
+        policy_params: Mapping[str, Any] | None = None,
+        *,
+        medium: Medium = Medium.DISK,
+        shared: bool = False,
+        persistent: bool = False,
+        max_batch: int = 0,
+        latency_polls: int = 0,
+        latency_s: float = 0.0,
+        clock: Callable[[], float] = time.monotonic,
+        name: str = "memory",
+    ) -> None:
+        super().__init__(memory)
+        for label, value in (
+            ("capacity_bytes", capacity_bytes),
+            ("max_batch", max_batch),
+            ("latency_polls", latency_polls),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"{label} must be an int, got {type(value).__name__}")
+            if value < 0:
+                raise ValueError(f"{label} must be >= 0, got {value}")
+        if isinstance(latency_s, bool) or not isinstance(latency_s, (int, float)):
+            raise TypeError(f"latency_s must be a number, got {type(latency_s).__name__}")
+        if latency_s < 0:
+            raise ValueError(f"latency_s must be >= 0, got {latency_s}")
+        if not isinstance(medium, Medium):
+            raise TypeError(f"medium must be a Medium, got {type(medium).__name__}")
+        self.name = name
+        self.capacity_bytes = capacity_bytes
+        self.capacity_blocks = capacity_bytes // memory.slot_bytes
+        if isinstance(policy, CachePolicy):
+            if policy_params:
+                raise ValueError("policy_params cannot be used with a policy instance")
+            self._policy = policy
+        else:
+            self._policy = create_cache_policy(
+                policy, self.capacity_blocks, None, dict(policy_params or {})
+            )
+        self._caps = TierCapabilities(
+            medium=medium, shared=shared, persistent=persistent, max_batch=max_batch
+        )
+        self.latency_polls = latency_polls
+        self.latency_s = float(latency_s)
+        self._clock = clock
+        self._records: dict[OffloadKey, bytes] = {}
+        self._count = 0  # keys in the policy (ready or being written)
+        self._ids = itertools.count(1)
+        self._jobs: list[_Pending] = []
+        self._done: list[TierResult] = []
+        self._closed = False
+        self.fail_keys: dict[OffloadKey, str] = {}
+        self.fail_all: str | None = None
+        self.unknown_keys: set[OffloadKey] = set()
+        self.stuck = False
+        self._stats: dict[str, float] = dict.fromkeys(
+            ("puts", "gets", "deletes", "evictions", "failed_keys", "bytes_in", "bytes_out"), 0
+        )
+
+    # ----------------------------------------------------------------- contract
+    @property
+    def capabilities(self) -> TierCapabilities:
+        return self._caps
+
+    @property
+    def policy(self) -> CachePolicy:
+        """The tier's eviction policy (read-only access for tests)."""
+        return self._policy
+
+    def contains(self, keys: Sequence[OffloadKey]) -> list[Presence]:
+        out = []
+        get = self._policy.get
+        for key in keys:
+            if key in self.unknown_keys:
+                out.append(Presence.UNKNOWN)
+                continue
+            status = get(key)
+            out.append(
+                Presence.HIT if status is not None and status.ref_cnt >= 0 else Presence.MISS
+            )
+        return out
+
+    def stored_keys(self) -> set[OffloadKey]:
+        """Keys whose record is readable now (for tests and the simulator)."""
+        return set(self._records)
+
+    def record(self, key: OffloadKey) -> bytes | None:
+        """The stored bytes of ``key`` (``None`` when absent or still being written)."""
+        return self._records.get(key)
+
+    def in_flight_keys(self) -> set[OffloadKey]:
+        """Keys that a job not yet polled reads or writes (not those it failed at once)."""
+        return {
+            key
+            for pending in self._jobs
+            if pending.job.kind is not JobKind.DELETE
+            for i, key in enumerate(pending.job.keys)
+            if i not in pending.fail and i not in pending.skip
+        }
+
+    def _check_batch(self, keys: Sequence[OffloadKey], slots: Sequence[int] | None) -> None:
+        if self._closed:
+            raise RuntimeError(f"tier '{self.name}' is closed")
+        if slots is not None:
+            if len(keys) != len(slots):
+                raise ValueError(
+                    f"keys and slots must have the same length ({len(keys)} != {len(slots)})"
+                )
+            for slot in slots:
+                if not 0 <= slot < self.memory.num_slots:
+                    raise ValueError(f"slot must be in [0, {self.memory.num_slots}), got {slot}")
+        limit = self._caps.max_batch
+        if limit and len(keys) > limit:
+            raise ValueError(f"a job may carry at most max_batch={limit} keys, got {len(keys)}")
+
+    def _enqueue(self, job: TierJob, fail: dict[int, str], skip: set[int] | None = None) -> int:
+        now = self._clock()
+        self._jobs.append(
+            _Pending(job, now + self.latency_s, self.latency_polls, fail, skip or set(), now)
+        )
+        return job.job_id
+
+    def _fault(self, key: OffloadKey) -> str | None:
+        return self.fail_all or self.fail_keys.get(key)
+
+    def submit_put(
+        self, keys: Sequence[OffloadKey], slots: Sequence[int], generation: int = 0
+    ) -> int:
+        self._check_batch(keys, slots)
+        policy = self._policy
+        fail: dict[int, str] = {}
+        skip: set[int] = set()
+        evicted: list[OffloadKey] = []
+        protected = set(keys)
+        for i, key in enumerate(keys):
+            status = policy.get(key)
+            if status is not None:
+                if status.ref_cnt >= 0:
+                    skip.add(i)  # records are immutable: already stored is a success
+                else:
+                    fail[i] = "busy"  # another job is writing it
+                continue
+            reason = self._fault(key)
+            if reason is not None:
+                fail[i] = reason
+                continue
+            if self._count >= self.capacity_blocks:
+                victims = policy.evict(1, protected) if self.capacity_blocks else None
+                if victims is None:
+                    fail[i] = "no_space"
+                    continue
+                for victim, _ in victims:
+                    del self._records[victim]
+                    evicted.append(victim)
+                self._count -= len(victims)
+                self._stats["evictions"] += len(victims)
+            policy.insert(key, BlockStatus(next(self._ids), -1), None)
+            self._count += 1
+        job = TierJob(next(self._ids), JobKind.PUT, tuple(keys), tuple(slots), generation)
+        self._stats["puts"] += 1
+        job_id = self._enqueue(job, fail, skip)
+        self._jobs[-1].evicted = tuple(evicted)
+        return job_id
+
+    def submit_get(
+        self, keys: Sequence[OffloadKey], slots: Sequence[int], generation: int = 0
+    ) -> int:
+        self._check_batch(keys, slots)
+        policy = self._policy
+        fail: dict[int, str] = {}
+        for i, key in enumerate(keys):
+            status = policy.get(key)
+            if status is None or status.ref_cnt < 0:
+                fail[i] = "missing"
+                continue
+            reason = self._fault(key)
+            if reason is not None:
+                fail[i] = reason
+                continue
+            if status.ref_cnt == 0:
+                policy.mark_non_evictable(key)
+            status.ref_cnt += 1
+        fresh = [k for i, k in enumerate(keys) if i not in fail]
+        if fresh:
+            policy.touch(fresh, None)
+        job = TierJob(next(self._ids), JobKind.GET, tuple(keys), tuple(slots), generation)
+        self._stats["gets"] += 1
+        return self._enqueue(job, fail)
+
+    def submit_delete(self, keys: Sequence[OffloadKey], generation: int = 0) -> int:
+        self._check_batch(keys, None)
+        policy = self._policy
+        fail: dict[int, str] = {}
+        for i, key in enumerate(keys):
+            status = policy.get(key)
+            if status is None:
+                fail[i] = "missing"
+            elif status.ref_cnt != 0:
+                fail[i] = "busy"
+            else:
+                policy.remove(key)
+                del self._records[key]
+                self._count -= 1
+        job = TierJob(next(self._ids), JobKind.DELETE, tuple(keys), (), generation)
+        self._stats["deletes"] += 1
+        return self._enqueue(job, fail)
+
+    # ------------------------------------------------------------- completion
+    def _complete(self, pending: _Pending, cancelled: bool = False) -> TierResult:
+        job, fail = pending.job, dict(pending.fail)
+        policy = self._policy
+        view = self.memory.slot_view
+        nbytes = 0
+        for i, key in enumerate(job.keys):
+            if (
+                cancelled
+                and i not in fail
+                and i not in pending.skip
+                and job.kind is not JobKind.DELETE
+            ):
+                fail[i] = "cancelled"
+                cancelled_now = True
+            else:
+                cancelled_now = False
+            if job.kind is JobKind.PUT:
+                if i in pending.skip or (i in fail and not cancelled_now):
+                    continue
+                status = policy.get(key)
+                if status is None:  # cannot happen: a pending record is never evicted
+                    raise RuntimeError(f"put of {key.hex()} lost its pending record")
+                if cancelled_now:
+                    policy.remove(key)
+                    self._count -= 1
+                    continue
+                self._records[key] = bytes(view(job.slots[i]))
+                nbytes += self.memory.slot_bytes
+                status.ref_cnt = 0
+                policy.mark_evictable(key)
+            elif job.kind is JobKind.GET:
+                if i in fail and not cancelled_now:
+                    if fail[i] == "corrupt" and key in self._records:  # never served again
+                        status = policy.get(key)
+                        if status is not None and status.ref_cnt == 0:
+                            policy.remove(key)
+                            del self._records[key]
+                            self._count -= 1
+                    continue
+                status = policy.get(key)
+                if status is None or status.ref_cnt <= 0:
+                    raise RuntimeError(f"get of {key.hex()} lost its pin")
+                if not cancelled_now:
+                    view(job.slots[i])[:] = self._records[key]
+                    nbytes += self.memory.slot_bytes
+                status.ref_cnt -= 1
+                if status.ref_cnt == 0:
+                    policy.mark_evictable(key)
+        self._stats["failed_keys"] += len(fail)
+        self._stats["bytes_in" if job.kind is JobKind.PUT else "bytes_out"] += nbytes
+        return TierResult(
+            job_id=job.job_id,
+            kind=job.kind,
+            keys=job.keys,
+            ok=tuple(i not in fail for i in range(len(job.keys))),
+            generation=job.generation,
+            nbytes=nbytes,
+            seconds=max(0.0, self._clock() - pending.submitted),
+            reasons=fail,
+            evicted=pending.evicted,
+        )
+
+    def poll(self) -> list[TierResult]:
+        done, self._done = self._done, []
+        if self.stuck:
+            return done
+        now = self._clock()
+        waiting: list[_Pending] = []
+        for pending in self._jobs:
+            if pending.polls_left <= 0 and now >= pending.ready_at:
+                done.append(self._complete(pending))
+            else:
+                pending.polls_left -= 1
+                waiting.append(pending)
+        self._jobs = waiting
+        return done
+
+    def drain(self, timeout: float) -> bool:
+        if self.stuck:
+            return not self._jobs
+        self._done.extend(self._complete(pending) for pending in self._jobs)
+        self._jobs = []
+        return True
+
+    # ------------------------------------------------------------------ extras
+    def health(self) -> TierHealth:
+        if self._closed:
+            return TierHealth(ok=False, reason="closed")
+        if self.fail_all:
+            return TierHealth(ok=False, reason=self.fail_all)
+        return TierHealth(ok=True)
+
+    def stats(self) -> dict[str, float]:
+        out = dict(self._stats)
+        out.update(
+            used_bytes=float(len(self._records) * self.memory.slot_bytes),
+            capacity_bytes=float(self.capacity_bytes),
+            records=float(len(self._records)),
+            jobs_in_flight=float(len(self._jobs)),
+        )
+        return out
+
+    def scan(self) -> Iterator[ScannedBlock]:
+        size = self.memory.slot_bytes
+        return iter([ScannedBlock(key, size, 0.0) for key in self._records])
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._done.extend(self._complete(pending, cancelled=True) for pending in self._jobs)
+        self._jobs = []
+        self._closed = True
+
+
+__all__ = ["MemoryTier"]

@@ -1,0 +1,175 @@
+"""The self-describing record stored under one Redis key: header, then the block's bytes.
+
+Why one value per block (not LMCache's metadata key + data key): a ``SET`` is atomic, so a
+reader sees the whole record or nothing, and no second key can be half-written, expire apart
+or be overwritten by another writer (LMCache #1239, #2017). The header names the namespace and
+the key, so a record copied under another key, or written for another model, fails the check.
+
+Layout (little-endian)::
+
+    magic "KVOR" | version u8 | flags u8 | digest algorithm u8 | reserved u8
+    namespace length u16 | key length u16 | payload length u64
+    namespace bytes | key bytes | digest (32 bytes) | payload
+
+The digest covers everything before it and the payload. Algorithms: keyed BLAKE2b-256 when
+the tier has a shared secret (a writer without it cannot produce a record others accept),
+unkeyed BLAKE2b-256 otherwise, or XXH3-128 (``xxhash``; much faster, integrity only, never
+accepted by a tier that has a secret). Records are only parsed and copied: never unpickled or
+evaluated.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+MAGIC = b"KVOR"
+FORMAT_VERSION = 1
+FLAG_SIGNED = 0x01
+
+ALG_BLAKE2B = 1
+ALG_XXH3_128 = 2
+ALG_NAMES = {"blake2b": ALG_BLAKE2B, "xxh3": ALG_XXH3_128}
+
+DIGEST_BYTES = 32
+_FIXED = struct.Struct("<4sBBBBHHQ")
+
+try:  # optional: XXH3 is an order of magnitude faster than BLAKE2b for integrity-only records
+    import xxhash as _xxhash
+except ImportError:  # pragma: no cover - exercised only where xxhash is absent
+    _xxhash = None  # type: ignore[assignment]
+
+
+def xxhash_available() -> bool:
+    return _xxhash is not None
+
+
+class RecordError(ValueError):
+    """A record that must not be served; ``reason`` is the counter it goes to."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class RecordCodec:
+    """Encodes and checks records of one namespace, with one algorithm and optional secret.
+
+    Args:
+        namespace: bytes naming the model / dtype / layout (``namespace_fingerprint``).
+        secret: shared secret; when set, records are signed with keyed BLAKE2b and only
+            records signed with the same secret are accepted.
+        algorithm: ``"blake2b"`` or ``"xxh3"`` (ignored when ``secret`` is set).
+    """
+
+    namespace: bytes
+    secret: bytes | None = None
+    algorithm: str = "blake2b"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.namespace, bytes):
+            raise TypeError(f"namespace must be bytes, got {type(self.namespace).__name__}")
+        if len(self.namespace) > 0xFFFF:
+            raise ValueError(f"namespace must be at most 65535 bytes, got {len(self.namespace)}")
+        if self.secret is not None:
+            if not isinstance(self.secret, bytes):
+                raise TypeError(f"secret must be bytes, got {type(self.secret).__name__}")
+            if not 16 <= len(self.secret) <= 64:
+                raise ValueError(
+                    f"secret must be 16 to 64 bytes (BLAKE2b key), got {len(self.secret)}"
+                )
+        if self.algorithm not in ALG_NAMES:
+            raise ValueError(
+                f"algorithm must be one of {sorted(ALG_NAMES)}, got {self.algorithm!r}"
+            )
+        if self.algorithm == "xxh3" and self.secret is None and _xxhash is None:
+            raise ValueError("algorithm='xxh3' needs the xxhash package (pip install xxhash)")
+
+    @property
+    def alg_id(self) -> int:
+        return ALG_BLAKE2B if self.secret is not None else ALG_NAMES[self.algorithm]
+
+    def header_bytes(self, key: bytes) -> int:
+        """Bytes before the payload for ``key``."""
+        return _FIXED.size + len(self.namespace) + len(key) + DIGEST_BYTES
+
+    def _hasher(self, alg: int, signed: bool) -> Any:
+        if alg == ALG_BLAKE2B:
+            if signed:
+                return hashlib.blake2b(key=self.secret or b"", digest_size=DIGEST_BYTES)
+            return hashlib.blake2b(digest_size=DIGEST_BYTES)
+        if _xxhash is None:
+            raise RecordError("unsupported", "an XXH3 record needs the xxhash package")
+        return _xxhash.xxh3_128()
+
+    def encode(self, key: bytes, payload: memoryview | bytes) -> bytes:
+        """The record for ``key`` holding ``payload`` (one copy of the payload)."""
+        signed = self.secret is not None
+        alg = self.alg_id
+        prefix = (
+            _FIXED.pack(
+                MAGIC,
+                FORMAT_VERSION,
+                FLAG_SIGNED if signed else 0,
+                alg,
+                0,
+                len(self.namespace),
+                len(key),
+                len(payload),
+            )
+            + self.namespace
+            + key
+        )
+        hasher = self._hasher(alg, signed)
+        hasher.update(prefix)
+        hasher.update(payload)
+        digest = hasher.digest().ljust(DIGEST_BYTES, b"\0")
+        return b"".join((prefix, digest, payload))
+
+    def payload_of(self, key: bytes, record: bytes | memoryview) -> memoryview:
+        """The verified payload of ``record`` stored under ``key`` (a view, no copy).
+
+        Raises :class:`RecordError` with ``reason`` ``"corrupt"`` (bad magic, lengths or
+        digest), ``"foreign"`` (another namespace or key, or an unknown version) or
+        ``"bad_signature"`` (unsigned or signed with another secret, where a secret is set).
+        """
+        view = memoryview(record)
+        if len(view) < _FIXED.size:
+            raise RecordError("corrupt", f"record of {len(view)} bytes is shorter than a header")
+        magic, version, flags, alg, _reserved, ns_len, key_len, payload_len = _FIXED.unpack_from(
+            view
+        )
+        if magic != MAGIC:
+            raise RecordError("corrupt", "bad magic")
+        if version != FORMAT_VERSION:
+            raise RecordError("foreign", f"format version {version}, expected {FORMAT_VERSION}")
+        start = _FIXED.size
+        digest_at = start + ns_len + key_len
+        payload_at = digest_at + DIGEST_BYTES
+        if payload_at + payload_len != len(view):
+            raise RecordError(
+                "corrupt", f"lengths say {payload_at + payload_len} bytes, record has {len(view)}"
+            )
+        if view[start : start + ns_len] != self.namespace:
+            raise RecordError("foreign", "record of another namespace")
+        if view[start + ns_len : digest_at] != key:
+            raise RecordError("foreign", "record of another key")
+        signed = bool(flags & FLAG_SIGNED)
+        if self.secret is not None and (not signed or alg != ALG_BLAKE2B):
+            raise RecordError("bad_signature", "record is not signed with keyed BLAKE2b")
+        if self.secret is None and signed:
+            raise RecordError("bad_signature", "record is signed and this tier has no secret")
+        if alg not in (ALG_BLAKE2B, ALG_XXH3_128):
+            raise RecordError("foreign", f"unknown digest algorithm {alg}")
+        hasher = self._hasher(alg, signed)
+        hasher.update(view[:digest_at])
+        payload = view[payload_at:]
+        hasher.update(payload)
+        expected = hasher.digest().ljust(DIGEST_BYTES, b"\0")
+        if not hmac.compare_digest(expected, view[digest_at:payload_at]):
+            raise RecordError("bad_signature" if signed else "corrupt", "digest mismatch")
+        return payload

@@ -1,0 +1,80 @@
+"""``auto``: switches to the candidate its shadows rate best, once, visibly, without flapping."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from kvoffload.context import ReqContext
+from kvoffload.manager import CPUOffloadingManager
+from kvoffload.policies import create_cache_policy
+from kvoffload.policies.auto import AutoCachePolicy
+from kvoffload.testing.drive import int_key
+
+
+def _hot_and_scan(steps: int) -> list[int]:
+    """30 hot blocks round robin between one-off blocks: LRU keeps the hot set, FIFO does not."""
+    ids = []
+    for step in range(steps):
+        ids.append(step % 30)
+        ids.append(10_000 + step)
+    return ids
+
+
+def _run(manager: CPUOffloadingManager, ids: list[int]) -> int:
+    hits = 0
+    for i, block_id in enumerate(ids):
+        ctx = ReqContext(req_id=str(i), timestamp=float(i))
+        out = manager.access_blocks([int_key(block_id)], ctx)
+        hits += out.results[0].value == "hit"
+        manager.on_request_finished(ctx)
+    return hits
+
+
+def test_auto_switches_once_to_the_better_candidate(caplog: pytest.LogCaptureFixture) -> None:
+    params = {"candidates": "fifo,lru", "sample_rate": 1.0, "window": 100}
+    manager = CPUOffloadingManager(100, "auto", cache_policy_params=params)
+    with caplog.at_level(logging.INFO, logger="kvoffload.policies.auto"):
+        _run(manager, _hot_and_scan(4000))
+    auto = manager.policy
+    assert isinstance(auto, AutoCachePolicy)
+    assert auto.active_name == "lru"
+    assert [(s.old, s.new) for s in auto.switches] == [("fifo", "lru")]
+    assert sum("auto: switched fifo -> lru" in r.message for r in caplog.records) == 1
+    stats = manager.get_stats().policy
+    assert stats["switches"] == 1 and stats["active_index"] == 1
+    assert stats["shadow_lru_hit_ratio"] > stats["shadow_fifo_hit_ratio"]
+    # The manager's cached block table is auto's own: still the one the active policy fills.
+    table = auto.block_table
+    active_table = auto.active.block_table
+    assert active_table is not None and set(table) == set(active_table)
+    assert manager.get_stats().stored_blocks == len(table) == 100
+
+
+def test_equal_candidates_never_switch() -> None:
+    params = {"candidates": ["lru", ("lru", {})], "sample_rate": 1.0, "window": 50}
+    with pytest.raises(ValueError, match="distinct"):
+        create_cache_policy("auto", 50, None, params)
+    params = {"candidates": "lru,prefix-lru", "sample_rate": 1.0, "window": 50}
+    manager = CPUOffloadingManager(50, "auto", cache_policy_params=params)
+    _run(manager, _hot_and_scan(3000))
+    assert manager.policy.stats()["switches"] == 0
+
+
+def test_auto_hits_equal_its_candidate_while_it_does_not_switch() -> None:
+    ids = _hot_and_scan(2000)
+    params = {"candidates": "lru,fifo", "sample_rate": 0.5, "window": 100}
+    auto = CPUOffloadingManager(100, "auto", cache_policy_params=params)
+    lru = CPUOffloadingManager(100, "lru")
+    assert _run(auto, ids) == _run(lru, ids)
+    assert auto.policy.stats()["switches"] == 0
+
+
+def test_bad_candidates_are_clear_errors() -> None:
+    with pytest.raises(ValueError, match="own candidate"):
+        AutoCachePolicy(10, candidates=["auto"])
+    with pytest.raises(TypeError, match="candidates"):
+        AutoCachePolicy(10, candidates=3)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="at least one"):
+        AutoCachePolicy(10, candidates=" , ")

@@ -1,0 +1,70 @@
+"""Shadow evaluation: the miniatures are the real simulation when every key is sampled."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvoffload.context import ReqContext
+from kvoffload.policies import create_cache_policy
+from kvoffload.policies.shadow import ShadowEvaluator, sample_hash, sampling_rate
+from kvoffload.testing.drive import drive_single_blocks, int_key
+
+
+def _stream() -> list[int]:
+    ids = []
+    for step in range(3000):
+        ids.append(step % 37)
+        ids.append(1000 + step)
+        if step % 3 == 0:
+            ids.append(5000 + step % 211)
+    return ids
+
+
+@pytest.mark.parametrize("name", ["lru", "arc", "mq", "s3fifo"])
+def test_full_sample_equals_the_full_simulation(name: str) -> None:
+    ids = _stream()
+    shadow = ShadowEvaluator(64, [name], sample_rate=1.0)
+    for block_id in ids:
+        shadow.record([int_key(block_id)])
+    expected = drive_single_blocks(create_cache_policy(name, 64), ids)
+    estimate = shadow.estimates()[name]
+    assert estimate.hits == expected
+    assert estimate.accesses == len(ids)
+
+
+def test_sampling_is_deterministic_and_close_to_the_rate() -> None:
+    keys = [int_key(i) for i in range(200_000)]
+    shadow = ShadowEvaluator(10_000, ["lru"], sample_rate=0.01)
+    picked = shadow.sampled(keys)
+    assert picked == shadow.sampled(keys)
+    assert 0.009 < len(picked) / len(keys) < 0.011
+    assert sample_hash(keys[0]) == sample_hash(int_key(0))
+    assert shadow.shadow_capacity == 100
+
+
+def test_min_shadow_blocks_raises_the_rate_for_small_caches() -> None:
+    assert sampling_rate(1000, 0.01, 256) == pytest.approx(0.256)
+    assert sampling_rate(100, 0.01, 256) == 1.0
+    assert sampling_rate(100_000, 0.01, 256) == 0.01
+    assert ShadowEvaluator(1000, ["lru"], 0.01, 256).shadow_capacity == 256
+
+
+def test_miniatures_get_private_contexts() -> None:
+    shadow = ShadowEvaluator(8, ["kvaware", "sae"], sample_rate=1.0)
+    ctx = ReqContext(req_id="r", timestamp=1.0)
+    shadow.record([int_key(1), int_key(2)], ctx)
+    # The caller's context holds only the evaluator's own record: no policy state of its own.
+    assert [cls.__name__ for cls in ctx._state] == ["_ShadowContexts"]
+    ctx.output_tokens = 10
+    shadow.request_finished(ctx)
+
+
+def test_bad_arguments_are_clear_errors() -> None:
+    with pytest.raises(ValueError, match="sample_rate"):
+        ShadowEvaluator(10, ["lru"], sample_rate=0.0)
+    with pytest.raises(ValueError, match="at least one"):
+        ShadowEvaluator(10, [])
+    with pytest.raises(TypeError, match="candidate"):
+        ShadowEvaluator(10, [3])  # type: ignore[list-item]
+    with pytest.raises(ValueError, match="distinct"):
+        ShadowEvaluator(10, ["lru", "lru"])
