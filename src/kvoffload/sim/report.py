@@ -16,7 +16,9 @@ try:
     from rich.console import Console
     from rich.table import Table
 except ImportError as exc:  # pragma: no cover - only without the extra
-    raise ImportError("the kvoffload command needs rich: pip install 'kvoffload[cli]'") from exc
+    raise ImportError(
+        "the kvoffload command needs rich: pip install 'kvoffload[cli]'"
+    ) from exc
 
 from kvoffload.sim.bounds import Bounds
 from kvoffload.sim.replay import ReplayResult
