@@ -100,9 +100,7 @@ def test_foreign_policy_classes_go_through_advertised_adapters(
 
 
 def test_kvoffloads_own_vllm_adapter_is_advertised() -> None:
-    names = {
-        ep.value for ep in metadata.entry_points(group="kvoffload.policy_adapters")
-    }
+    names = {ep.value for ep in metadata.entry_points(group="kvoffload.policy_adapters")}
     assert "kvoffload.integrations.policy_adapters:adapt_vllm_policy_class" in names
 
 

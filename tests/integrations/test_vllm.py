@@ -482,7 +482,8 @@ def test_simulate_runs_a_vllm_policy_like_the_same_builtin(
     def simulate(policy: str) -> dict[str, Any]:
         argv = ["simulate", "--requests", "300", "--workers", "1", "--capacity", "3%"]
         assert cli.main([*argv, "--policy", policy, "--format", "json"]) == 0
-        return json.loads(capsys.readouterr().out)
+        (result,) = json.loads(capsys.readouterr().out)["results"]
+        return dict(result)
 
     theirs = simulate(f"{tiny_module.__name__}:TinyFIFO")
     ours = simulate("fifo")

@@ -53,3 +53,22 @@ def test_errors(text: str, message: str) -> None:
 def test_lists_keep_order_and_drop_repeats() -> None:
     caps = parse_capacities(["5%,100", "50"], 1000, 512)
     assert [(c.label, c.blocks) for c in caps] == [("5%", 50), ("100", 100)]
+
+
+@pytest.mark.parametrize(
+    ("text", "blocks"),
+    [
+        ("9007199254740993", 9007199254740993),  # 2**53 + 1: a float would give ...992
+        ("9007199254740993blocks", 9007199254740993),
+        ("18014398509481985k", 18014398509481985000),
+        ("4611686018427387905tok", 4611686018427387905 // 512),
+        ("0.3%", 131),  # 43924 * 0.003 = 131.772
+    ],
+)
+def test_capacities_are_exact_not_floats(text: str, blocks: int) -> None:
+    assert parse_capacity(text, 43924, 512).blocks == blocks
+
+
+def test_percent_of_a_huge_trace_is_exact() -> None:
+    unique = 2**60 + 7
+    assert parse_capacity("1%", unique, 512).blocks == unique // 100

@@ -79,7 +79,7 @@ def test_tables_render_every_row(inline: SweepResult) -> None:
     console = Console(width=200, record=True, file=io.StringIO())
     console.print(results_table(inline.results, inline.bounds))
     text = console.export_text()
-    for label in ("lru", "arc", "Belady MIN", "OPT (bypass)", "infinite cache", "2% ("):
+    for label in ("lru", "arc", "Belady MIN", "OPT (bypass)", "infinite cache", "capacity 2% = "):
         assert label in text
     console.print(bounds_table(inline.bounds, ["2%", "10%"]))
     assert "max live" in console.export_text()
@@ -101,9 +101,62 @@ def test_csv_and_json_outputs(inline: SweepResult) -> None:
 
 def test_plots_are_written(inline: SweepResult, tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
-    from kvoffload.sim.plot import plot_capacity_bars, plot_miss_ratio_curves
+    from kvoffload.sim.report.plot import plot_capacity_bars, plot_miss_ratio_curves
 
     curve = plot_miss_ratio_curves(inline.results, inline.bounds, tmp_path / "mrc.png")
     bars = plot_capacity_bars(inline.results, inline.bounds, tmp_path)
     assert curve.stat().st_size > 1000
     assert len(bars) == 2 and all(p.stat().st_size > 1000 for p in bars)
+
+
+def test_plot_files_are_named_by_the_capacity_asked_for(
+    inline: SweepResult, tmp_path: Path
+) -> None:
+    pytest.importorskip("matplotlib")
+    from kvoffload.sim.report.plot import capacity_file_name, plot_capacity_bars
+
+    bars = plot_capacity_bars(inline.results, inline.bounds, tmp_path)
+    assert [p.name for p in bars] == ["bars_2pct.png", "bars_10pct.png"]
+    assert capacity_file_name("4Mtok") == "bars_4Mtok.png"
+    assert capacity_file_name("8 GiB") == "bars_8_GiB.png"
+    assert "/" not in capacity_file_name("../x")
+
+
+def test_every_builtin_policy_gets_its_own_look() -> None:
+    from kvoffload.policies import BUILTIN_POLICIES
+    from kvoffload.sim.report.plot import policy_style
+
+    looks = [tuple(sorted(policy_style(i).items())) for i in range(len(BUILTIN_POLICIES))]
+    assert len(set(looks)) == len(looks) == 18
+    pairs = [(policy_style(i)["marker"], policy_style(i)["linestyle"]) for i in range(18)]
+    assert len(set(pairs)) == 18  # distinguishable even without colour
+
+
+def test_belady_is_visible_and_named_when_it_equals_opt(
+    inline: SweepResult, tmp_path: Path
+) -> None:
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+
+    from kvoffload.sim.report import plot
+
+    drawn: list[dict[str, object]] = []
+    real_plot = plt.Axes.plot
+
+    def spy(self: object, *args: object, **kwargs: object) -> object:
+        drawn.append(kwargs)
+        return real_plot(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    equal = [
+        type(b)(**{**b.to_dict(), "belady_prefix_hit_ratio": b.opt_bypass_prefix_hit_ratio})
+        for b in inline.bounds
+    ]
+    try:
+        plt.Axes.plot = spy  # type: ignore[method-assign]
+        plot.plot_miss_ratio_curves(inline.results, equal, tmp_path / "c.png")
+    finally:
+        plt.Axes.plot = real_plot  # type: ignore[method-assign]
+    by_label = {d["label"]: d for d in drawn}
+    belady, opt = by_label["Belady MIN (= OPT here)"], by_label["OPT (bypass)"]
+    assert opt["linewidth"] > 3 * belady["linewidth"]  # a band under a thin line: both show
+    assert belady["color"] != opt["color"]

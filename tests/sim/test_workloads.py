@@ -133,3 +133,43 @@ def test_mooncake_jsonl_round_trip(tmp_path: Path) -> None:
 def test_bad_knobs_are_rejected(knobs: dict[str, object], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         WorkloadConfig(**knobs)  # type: ignore[arg-type]
+
+
+def _max_live_share(trace: Trace) -> float:
+    """Most blocks waiting for a reuse at one time, as a share of the unique blocks."""
+    first: dict[int, int] = {}
+    last: dict[int, int] = {}
+    pos = 0
+    for request in trace.requests:
+        for block in request.block_ids:
+            first.setdefault(block, pos)
+            last[block] = pos
+            pos += 1
+    delta = [0] * (pos + 1)
+    for block, start in first.items():
+        if last[block] > start:
+            delta[start] += 1
+            delta[last[block]] -= 1
+    live = best = 0
+    for step in delta:
+        live += step
+        best = max(best, live)
+    return best / trace.num_unique_blocks
+
+
+def test_the_working_set_keeps_its_share_as_requests_grow() -> None:
+    default = _max_live_share(generate_workload(WorkloadConfig()))
+    bigger = generate_workload(WorkloadConfig(requests=8 * 1500))
+    fixed_load = generate_workload(WorkloadConfig(requests=8 * 1500, reference_requests=0))
+    assert _max_live_share(bigger) > 0.8 * default  # 6.9% at 1,500 and 200,000 requests: 6.3%
+    assert _max_live_share(fixed_load) < 0.75 * default  # what it was: 0.4% at 200,000
+    span = bigger.requests[-1].timestamp_s
+    assert span < 1.5 * generate_workload(WorkloadConfig()).requests[-1].timestamp_s
+
+
+def test_up_to_the_reference_size_the_workload_is_as_configured() -> None:
+    for requests in (200, 1500):
+        scaled = generate_workload(WorkloadConfig(requests=requests))
+        unscaled = generate_workload(WorkloadConfig(requests=requests, reference_requests=0))
+        assert [r.block_ids for r in scaled.requests] == [r.block_ids for r in unscaled.requests]
+    assert WorkloadConfig(requests=3000).load_scale == 2.0

@@ -1,7 +1,8 @@
 """Capacities as people say them: ``9139`` blocks, ``5%`` of unique blocks, ``4Mtok``, ``8GiB``.
 
 Every form resolves to a whole number of blocks (rounded down: a block that does not fit is
-not there). ``%`` is of the trace's unique blocks, ``int(unique * percent / 100)``, the
+not there), in exact arithmetic: ``9007199254740993`` is that many blocks, not the nearest
+float. ``%`` is of the trace's unique blocks, ``int(unique * percent / 100)``, the
 convention of the reference measurements. Tokens (suffix ``tok``) use decimal multipliers
 (``4Mtok`` = 4,000,000 tokens); bytes take ``B``/``KB``/``MB``/``GB``/``TB`` (decimal) or
 ``KiB``/``MiB``/``GiB``/``TiB`` (binary) and need the KV bytes per token.
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from fractions import Fraction
 
 _DECIMAL = {"": 1, "k": 10**3, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
 _BYTE_UNITS = {
@@ -55,14 +57,12 @@ def parse_capacity(
     if not spec:
         raise ValueError("empty capacity; " + CAPACITY_HELP.replace("%%", "%"))
     if match := _PERCENT_RE.match(spec):
-        percent = float(match["num"])
+        percent = Fraction(match["num"])
         if percent > 100:
             raise ValueError(f"capacity '{text}': a percentage of unique blocks must be <= 100%")
-        # Round the product, not the fraction: int(43924 * 0.05) is 2196 but 5 / 100 * 43924
-        # lands a hair below it in floating point.
-        return Capacity(spec, int(round(unique_blocks * percent, 6) / 100))
+        return Capacity(spec, int(unique_blocks * percent / 100))
     if match := _TOKENS_RE.match(spec):
-        tokens = float(match["num"]) * _DECIMAL[match["mult"]]
+        tokens = Fraction(match["num"]) * _DECIMAL[match["mult"]]
         return Capacity(spec, int(tokens // block_tokens))
     if match := _BYTES_RE.match(spec):
         unit = match["unit"].upper()
@@ -73,11 +73,11 @@ def parse_capacity(
                 f"capacity '{text}' is in bytes: also give --bytes-per-token (the KV size of "
                 "one token: 2 * layers * kv_heads * head_dim * dtype bytes)"
             )
-        total = float(match["num"]) * _BYTE_UNITS[unit]
-        return Capacity(spec, int(total // (bytes_per_token * block_tokens)))
+        total = Fraction(match["num"]) * _BYTE_UNITS[unit]
+        return Capacity(spec, int(total // (Fraction(bytes_per_token) * block_tokens)))
     if match := _BLOCKS_RE.match(spec):
-        blocks = float(match["num"]) * _DECIMAL[match["mult"]]
-        if not blocks.is_integer():
+        blocks = Fraction(match["num"]) * _DECIMAL[match["mult"]]
+        if blocks.denominator != 1:
             raise ValueError(f"capacity '{text}' is not a whole number of blocks")
         return Capacity(spec, int(blocks))
     raise ValueError(f"cannot read capacity '{text}': use " + CAPACITY_HELP.replace("%%", "%"))

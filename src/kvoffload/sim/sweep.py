@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
 import sys
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, field
+from multiprocessing.process import BaseProcess
 from typing import Any
 
 from kvoffload.sim.bounds import Bounds, TraceBounds
@@ -26,6 +28,10 @@ _WORKER_BOUNDS: TraceBounds | None = None
 
 def _init_worker(trace: Trace) -> None:
     global _WORKER_TRACE, _WORKER_BOUNDS
+    # Ctrl-C reaches the whole process group. A worker that raised KeyboardInterrupt would
+    # only hand it back as its task's result and carry on with the next task; the parent
+    # stops the workers instead (see _stop_workers).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     _WORKER_TRACE, _WORKER_BOUNDS = trace, None
 
 
@@ -93,12 +99,14 @@ def run_sweep(
     done = on_task_done or (lambda label: None)
     if workers == 1 or total == 1:
         return _run_inline(trace, replay_tasks, bound_tasks, options, done, on_started, total)
-    with ProcessPoolExecutor(
+    before = set(multiprocessing.active_children())
+    pool = ProcessPoolExecutor(
         max_workers=workers,
         mp_context=_pool_context(),
         initializer=_init_worker,
         initargs=(trace,),
-    ) as pool:
+    )
+    try:
         # Bounds first: they are the longest single tasks.
         bound_futures = [pool.submit(_worker_bounds, c) for c in bound_tasks]
         replay_futures = [pool.submit(_worker_replay, p, c, options) for p, c in replay_tasks]
@@ -108,13 +116,28 @@ def run_sweep(
             bound_future.add_done_callback(_notify(done, f"bounds @ {capacity.label}"))
         for replay_future, (policy, capacity) in zip(replay_futures, replay_tasks, strict=True):
             replay_future.add_done_callback(_notify(done, f"{policy.label} @ {capacity.label}"))
-        try:
-            bounds = [f.result() for f in bound_futures]
-            results = [f.result() for f in replay_futures]
-        except BaseException:
-            pool.shutdown(wait=True, cancel_futures=True)  # fail fast: drop queued tasks
-            raise
+        bounds = [f.result() for f in bound_futures]
+        results = [f.result() for f in replay_futures]
+    except BaseException:
+        # Fail fast (an error or Ctrl-C): drop queued tasks and stop running ones now rather
+        # than wait for every running replay to finish.
+        _stop_workers(pool, before)
+        raise
+    pool.shutdown(wait=True)
     return SweepResult(results, bounds)
+
+
+def _stop_workers(pool: ProcessPoolExecutor, before: set[BaseProcess]) -> None:
+    """Cancel what is queued and terminate the pool's processes (those started after ``before``)."""
+    pool.shutdown(wait=False, cancel_futures=True)
+    workers = [p for p in multiprocessing.active_children() if p not in before]
+    for process in workers:
+        process.terminate()
+    for process in workers:
+        process.join(timeout=1.0)
+        if process.is_alive():
+            process.kill()
+            process.join(timeout=1.0)
 
 
 def _notify(done: ProgressCallback, label: str) -> Callable[[Future[Any]], None]:

@@ -35,7 +35,7 @@ import math
 import os
 import random
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from typing import IO, cast
 
 from kvoffload.sim.records import Trace, TraceRequest
@@ -71,14 +71,27 @@ class WorkloadConfig:
     tool_tokens: int = 900
     tool_latency_s: float = 10.0
     length_sigma: float = 0.8  # spread (log-normal sigma) of every token length
+    # Above this many requests the load grows with the request count (see load_scale).
+    reference_requests: int = 1500
 
     def __post_init__(self) -> None:
         _check_config(self)
 
-    @classmethod
-    def field_names(cls) -> list[str]:
-        """Names of the knobs (for ``--param`` style overrides)."""
-        return [f.name for f in fields(cls)]
+    @property
+    def load_scale(self) -> float:
+        """How much busier than ``activity_rate`` the generated server is.
+
+        A bigger trace is a busier server over the same time window (as a production trace
+        of one hour is), not the same few users for longer: with the rate fixed, the blocks
+        waiting for a reuse stay about as many as the users active at once while the unique
+        blocks grow with the request count, so at 200,000 requests only 0.4% of them would
+        ever be live and every policy would tie with OPT. So above ``reference_requests``
+        the activity rate and the numbers of system and agent prompts grow in proportion
+        (``reference_requests=0``: never); up to it, the workload is exactly as configured.
+        """
+        if self.reference_requests <= 0 or self.requests <= self.reference_requests:
+            return 1.0
+        return self.requests / self.reference_requests
 
 
 def _check_config(cfg: WorkloadConfig) -> None:
@@ -102,6 +115,8 @@ def _check_config(cfg: WorkloadConfig) -> None:
     for name in positive:
         if getattr(cfg, name) <= 0:
             raise ValueError(f"workload {name} must be > 0, got {getattr(cfg, name)}")
+    if cfg.reference_requests < 0:
+        raise ValueError(f"workload reference_requests must be >= 0, got {cfg.reference_requests}")
     for name in ("system_prompts", "agent_prompts"):
         if getattr(cfg, name) < 1:
             raise ValueError(f"workload {name} must be >= 1, got {getattr(cfg, name)}")
@@ -166,14 +181,20 @@ class _Builder:
         return _Context(ctx.full_ids, ctx.tokens + tokens)
 
 
+def _scaled(count: int, scale: float) -> int:
+    return count if scale == 1.0 else max(count, round(count * scale))
+
+
 class _Sampler:
     """The random draws of the model, from one seeded RNG."""
 
     def __init__(self, cfg: WorkloadConfig) -> None:
         self.cfg = cfg
         self.rng = random.Random(cfg.seed)
+        self.system_prompts = _scaled(cfg.system_prompts, cfg.load_scale)
+        self.agent_prompts = _scaled(cfg.agent_prompts, cfg.load_scale)
         weights = [
-            1.0 / (rank**cfg.system_prompt_zipf) for rank in range(1, cfg.system_prompts + 1)
+            1.0 / (rank**cfg.system_prompt_zipf) for rank in range(1, self.system_prompts + 1)
         ]
         self._prompt_cdf = list(itertools.accumulate(weights))
 
@@ -205,12 +226,13 @@ class _Sampler:
 def _arrivals(cfg: WorkloadConfig, rng: random.Random) -> Iterable[float]:
     """Activity start times: Poisson, or a two-state bursty process with the same mean rate."""
     t = 0.0
+    rate = cfg.activity_rate * cfg.load_scale
     if cfg.arrival == "poisson":
         while True:
-            t += rng.expovariate(cfg.activity_rate)
+            t += rng.expovariate(rate)
             yield t
     f = cfg.burst_fraction
-    quiet_rate = cfg.activity_rate / (1 - f + f * cfg.burst_factor)
+    quiet_rate = rate / (1 - f + f * cfg.burst_factor)
     bursting = False
     phase_end = rng.expovariate(1.0 / (cfg.burst_cycle_s * (1 - f)))
     while True:
@@ -287,7 +309,7 @@ def generate_workload(cfg: WorkloadConfig | None = None) -> Trace:
             ctx = shared(system_prompts, sample.system_prompt(), cfg.system_prompt_tokens)
             steps, median_new, median_wait = cfg.chat_turns, cfg.user_tokens, cfg.think_time_s
         else:
-            index = sample.rng.randrange(cfg.agent_prompts)
+            index = sample.rng.randrange(sample.agent_prompts)
             ctx = shared(agent_prompts, index, cfg.agent_prompt_tokens)
             steps, median_new, median_wait = cfg.agent_steps, cfg.tool_tokens, cfg.tool_latency_s
         t = start

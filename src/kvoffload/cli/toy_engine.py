@@ -1,4 +1,5 @@
-"""``kvoffload demo``: real KV bytes through a CPU tier, every loaded block checked.
+"""The engine of ``kvoffload demo`` (needs PyTorch): real KV bytes through a CPU tier,
+every loaded block checked.
 
 A toy engine: random-looking KV tensors shaped like a small model's cache, a generated
 prefix-sharing workload (:mod:`kvoffload.sim.workloads`, token lengths scaled down so the
@@ -19,6 +20,7 @@ from typing import Any
 
 import torch
 
+from kvoffload.cli.errors import UserError
 from kvoffload.layout import HostSlotLayout, KVCacheLayout, dtype_name
 from kvoffload.offloader import KVOffloader
 from kvoffload.sim.records import Trace
@@ -43,59 +45,26 @@ def demo_workload(seed: int, requests: int, block_tokens: int) -> WorkloadConfig
     )
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The demo's options (the CLI adds them to its ``demo`` sub-command)."""
-    m = parser.add_argument_group("toy KV cache")
-    m.add_argument("--layers", type=int, default=4, help="attention layers (default 4)")
-    m.add_argument("--kv-heads", type=int, default=8, help="KV heads per layer (default 8)")
-    m.add_argument("--head-size", type=int, default=64, help="head size (default 64)")
-    m.add_argument("--block-tokens", type=int, default=16, help="tokens per device block (16)")
-    m.add_argument(
-        "--dtype",
-        default="float16",
-        help="KV dtype: float16, bfloat16, float32, uint8 (fp8 bytes), float8_e4m3fn, ...",
-    )
-    m.add_argument(
-        "--kind",
-        choices=("kv_first", "blocks_first", "mla"),
-        default="kv_first",
-        help="tensor layout (default kv_first: [2, blocks, tokens, heads, head_size])",
-    )
-    m.add_argument(
-        "--device", default="auto", help="device of the KV cache: auto (cuda if present), cpu, cuda"
-    )
-    t = parser.add_argument_group("CPU tier")
-    t.add_argument("--cpu-mib", type=float, default=128.0, help="host memory in MiB (default 128)")
-    t.add_argument("--policy", default="lru", help="eviction policy name (default lru)")
-    t.add_argument("--blocks-per-chunk", type=int, default=1, help="device blocks per slot (1)")
-    w = parser.add_argument_group("workload")
-    w.add_argument("--requests", type=int, default=100, help="requests to run (default 100)")
-    w.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
-    parser.add_argument(
-        "--format", choices=("table", "json"), default="table", help="output format"
-    )
-
-
 def _device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
+    try:
+        device = torch.device(name)
+    except RuntimeError as exc:
+        raise UserError(f"--device {name!r}: {exc}") from None
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda: CUDA is not available")
+        raise UserError("--device cuda: CUDA is not available")
     return device
 
 
 def _dtype(name: str) -> torch.dtype:
     dtype = getattr(torch, name, None)
     if not isinstance(dtype, torch.dtype):
-        raise ValueError(f"--dtype: torch has no dtype {name!r}")
+        raise UserError(f"--dtype: torch has no dtype {name!r}")
     return dtype
 
 
 def _kv_caches(args: argparse.Namespace, num_blocks: int) -> list[torch.Tensor]:
-    for name in ("layers", "kv_heads", "head_size", "block_tokens"):
-        if getattr(args, name) < 1:
-            raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
     shapes = {
         "kv_first": (2, num_blocks, args.block_tokens, args.kv_heads, args.head_size),
         "blocks_first": (num_blocks, 2, args.block_tokens, args.kv_heads, args.head_size),
@@ -158,10 +127,6 @@ def _full_blocks(trace: Trace, index: int) -> list[int]:
 
 def run(args: argparse.Namespace) -> int:
     """Run the demo; exit status 1 if any loaded block was wrong."""
-    if args.requests < 1:
-        raise ValueError("--requests must be >= 1")
-    if args.cpu_mib <= 0:
-        raise ValueError("--cpu-mib must be > 0")
     trace = generate_workload(demo_workload(args.seed, args.requests, args.block_tokens))
     requests = [_full_blocks(trace, i) for i in range(len(trace.requests))]
     num_device_blocks = max(max((len(r) for r in requests), default=1), 1)
@@ -234,4 +199,4 @@ def run(args: argparse.Namespace) -> int:
     return 0 if wrong == 0 and summary["failed_transfers"] == 0 else 1
 
 
-__all__ = ["ToyKVContent", "add_arguments", "demo_workload", "run"]
+__all__ = ["ToyKVContent", "demo_workload", "run"]

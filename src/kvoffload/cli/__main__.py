@@ -1,0 +1,9 @@
+"""``python -m kvoffload.cli``: the ``kvoffload`` command."""
+
+from __future__ import annotations
+
+import sys
+
+from kvoffload.cli.main import main
+
+sys.exit(main())

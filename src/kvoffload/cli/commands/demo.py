@@ -1,0 +1,78 @@
+"""``kvoffload demo``: real KV blocks GPU<->CPU through a policy, every loaded byte checked.
+
+The options are declared here, without PyTorch, so ``kvoffload demo --help`` works on a
+machine without it; the engine (:mod:`kvoffload.cli.toy_engine`) is imported only to run.
+"""
+
+from __future__ import annotations
+
+import argparse
+from types import ModuleType
+
+from kvoffload.cli.errors import UserError
+
+NAME = "demo"
+HELP = "move real KV blocks GPU<->CPU with a policy (needs PyTorch)"
+DESCRIPTION = (
+    "A toy engine moves real KV tensors between device and a CPU tier through "
+    "KVOffloader and checks every loaded block's bytes. Needs PyTorch "
+    "(pip install 'kvoffload[torch]')."
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The demo's options: plain argparse, so ``demo --help`` works without PyTorch."""
+    m = parser.add_argument_group("toy KV cache")
+    m.add_argument("--layers", type=int, default=4, help="attention layers (default 4)")
+    m.add_argument("--kv-heads", type=int, default=8, help="KV heads per layer (default 8)")
+    m.add_argument("--head-size", type=int, default=64, help="head size (default 64)")
+    m.add_argument("--block-tokens", type=int, default=16, help="tokens per device block (16)")
+    m.add_argument(
+        "--dtype",
+        default="float16",
+        help="KV dtype: float16, bfloat16, float32, uint8 (fp8 bytes), float8_e4m3fn, ...",
+    )
+    m.add_argument(
+        "--kind",
+        choices=("kv_first", "blocks_first", "mla"),
+        default="kv_first",
+        help="tensor layout (default kv_first: [2, blocks, tokens, heads, head_size])",
+    )
+    m.add_argument(
+        "--device", default="auto", help="device of the KV cache: auto (cuda if present), cpu, cuda"
+    )
+    t = parser.add_argument_group("CPU tier")
+    t.add_argument("--cpu-mib", type=float, default=128.0, help="host memory in MiB (default 128)")
+    t.add_argument("--policy", default="lru", help="eviction policy name (default lru)")
+    t.add_argument("--blocks-per-chunk", type=int, default=1, help="device blocks per slot (1)")
+    w = parser.add_argument_group("workload")
+    w.add_argument("--requests", type=int, default=100, help="requests to run (default 100)")
+    w.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    parser.add_argument(
+        "--format", choices=("table", "json"), default="table", help="output format"
+    )
+
+
+_POSITIVE = ("layers", "kv_heads", "head_size", "block_tokens", "requests", "blocks_per_chunk")
+
+
+def _engine() -> ModuleType:
+    try:
+        from kvoffload.cli import toy_engine
+    except ImportError as exc:
+        missing = exc.name or ""
+        if missing == "torch" or missing.startswith("torch."):
+            raise UserError(
+                "kvoffload demo needs PyTorch: pip install 'kvoffload[torch]'"
+            ) from None
+        raise
+    return toy_engine
+
+
+def run(args: argparse.Namespace) -> int:
+    for name in _POSITIVE:
+        if getattr(args, name) < 1:
+            raise UserError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.cpu_mib <= 0:
+        raise UserError(f"--cpu-mib must be > 0, got {args.cpu_mib}")
+    return int(_engine().run(args))
