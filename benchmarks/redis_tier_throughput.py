@@ -52,23 +52,9 @@ def start_server() -> tuple[subprocess.Popen[bytes], str, str]:
         port = sock.getsockname()[1]
     workdir = tempfile.mkdtemp(prefix="kvoffload-redis-bench-")
     proc = subprocess.Popen(
-        [
-            "redis-server",
-            "--port",
-            str(port),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--dir",
-            workdir,
-            "--maxmemory",
-            "0",
-            "--proto-max-bulk-len",
-            "1gb",
-        ],
+        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+         "--appendonly", "no", "--dir", workdir, "--maxmemory", "0",
+         "--proto-max-bulk-len", "1gb"],
         stdout=subprocess.DEVNULL,
     )
     url = f"redis://127.0.0.1:{port}/0"
@@ -130,25 +116,9 @@ def redis_benchmark(port: int, nbytes: int, requests: int) -> dict[str, float]:
     if shutil.which("redis-benchmark") is None:
         return {}
     out = subprocess.run(
-        [
-            "redis-benchmark",
-            "-p",
-            str(port),
-            "-t",
-            "set,get",
-            "-d",
-            str(nbytes),
-            "-P",
-            "16",
-            "-n",
-            str(requests),
-            "-c",
-            "1",
-            "-q",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
+        ["redis-benchmark", "-p", str(port), "-t", "set,get", "-d", str(nbytes), "-P", "16",
+         "-n", str(requests), "-c", "1", "-q"],
+        capture_output=True, text=True, timeout=300,
     ).stdout
     figures = {}
     for name, rate in re.findall(r"(SET|GET): ([0-9.]+) requests per second", out):
@@ -186,13 +156,8 @@ def main() -> None:
                 memory.slot_view(s)[:] = os.urandom(64) * (nbytes // 64)
             values = [bytes(memory.slot_view(i % memory.num_slots)) for i in range(count)]
             tier = RedisTier(
-                memory,
-                url,
-                namespace=f"bench{tokens}",
-                ttl_ms=600_000,
-                workers=args.workers,
-                checksum=args.checksum,
-                secret=b"benchmark-secret-0123" if args.secret else None,
+                memory, url, namespace=f"bench{tokens}", ttl_ms=600_000, workers=args.workers,
+                checksum=args.checksum, secret=b"benchmark-secret-0123" if args.secret else None,
             )
             ratios: dict[str, list[float]] = {"put": [], "get": []}
             gbps: dict[str, list[float]] = {"put": [], "get": [], "raw put": [], "raw get": []}
@@ -209,57 +174,38 @@ def main() -> None:
                     gbps[f"raw {name}"].append(total / raw / 1e9)
             tier.close()
             client.flushdb()
-            own = (
-                redis_benchmark(
-                    int(url.rsplit(":", 1)[1].split("/")[0]), nbytes, max(64, count // 4)
-                )
-                if proc is not None
-                else {}
-            )
+            own = redis_benchmark(int(url.rsplit(":", 1)[1].split("/")[0]), nbytes,
+                                  max(64, count // 4)) if proc is not None else {}
             for name in ("put", "get"):
                 q = statistics.quantiles(ratios[name], n=4) if len(ratios[name]) > 1 else [0, 0, 0]
-                rows.append(
-                    {
-                        "tokens": tokens,
-                        "record_bytes": nbytes,
-                        "blocks": count,
-                        "op": name,
-                        "ours_gbps": statistics.median(gbps[name]),
-                        "ceiling_gbps": statistics.median(gbps[f"raw {name}"]),
-                        "ratio": statistics.median(ratios[name]),
-                        "ratio_iqr": [q[0], q[2]],
-                        "redis_benchmark_gbps": own.get("set" if name == "put" else "get"),
-                    }
-                )
+                rows.append({
+                    "tokens": tokens, "record_bytes": nbytes, "blocks": count, "op": name,
+                    "ours_gbps": statistics.median(gbps[name]),
+                    "ceiling_gbps": statistics.median(gbps[f"raw {name}"]),
+                    "ratio": statistics.median(ratios[name]),
+                    "ratio_iqr": [q[0], q[2]],
+                    "redis_benchmark_gbps": own.get("set" if name == "put" else "get"),
+                })
     finally:
         client.close()
         if proc is not None:
             proc.kill()
             proc.wait()
             shutil.rmtree(workdir or "", ignore_errors=True)
-    meta = {
-        "load_average": os.getloadavg(),
-        "workers": args.workers,
-        "job": args.job,
-        "checksum": "keyed blake2b" if args.secret else args.checksum,
-        "layers": args.layers,
-    }
+    meta = {"load_average": os.getloadavg(), "workers": args.workers, "job": args.job,
+            "checksum": "keyed blake2b" if args.secret else args.checksum, "layers": args.layers}
     if args.json:
         print(json.dumps({"meta": meta, "rows": rows}, indent=2))
         return
     print(f"# {meta}")
-    print(
-        f"{'tokens':>6} {'record':>9} {'op':>4} {'ours GB/s':>10} {'raw GB/s':>9} "
-        f"{'ratio':>6} {'IQR':>13} {'redis-benchmark GB/s':>21}"
-    )
+    print(f"{'tokens':>6} {'record':>9} {'op':>4} {'ours GB/s':>10} {'raw GB/s':>9} "
+          f"{'ratio':>6} {'IQR':>13} {'redis-benchmark GB/s':>21}")
     for row in rows:
         rb = row["redis_benchmark_gbps"]
-        print(
-            f"{row['tokens']:>6} {row['record_bytes'] >> 10:>7}Ki {row['op']:>4} "
-            f"{row['ours_gbps']:>10.2f} {row['ceiling_gbps']:>9.2f} {row['ratio']:>6.2f} "
-            f"{row['ratio_iqr'][0]:>6.2f}-{row['ratio_iqr'][1]:<6.2f} "
-            f"{'' if rb is None else f'{rb:.2f}':>21}"
-        )
+        print(f"{row['tokens']:>6} {row['record_bytes'] >> 10:>7}Ki {row['op']:>4} "
+              f"{row['ours_gbps']:>10.2f} {row['ceiling_gbps']:>9.2f} {row['ratio']:>6.2f} "
+              f"{row['ratio_iqr'][0]:>6.2f}-{row['ratio_iqr'][1]:<6.2f} "
+              f"{'' if rb is None else f'{rb:.2f}':>21}")
 
 
 if __name__ == "__main__":
