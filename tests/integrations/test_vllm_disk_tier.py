@@ -202,6 +202,25 @@ def test_stats_follow_vllms_metric_conventions(tmp_path: Path) -> None:
         driver.close()
 
 
+def test_kv_events_for_stores_and_evictions_when_vllm_wants_them(tmp_path: Path) -> None:
+    spec = tiering_spec([disk_config(tmp_path, 2, enable_kv_events=True)], 4, engine_id=uid(),
+                        kv_events=True)
+    driver = VllmTieringDriver(spec)
+    try:
+        first, second = keys_for(2), keys_for(2)
+        for keys in (first, second):
+            driver.request(keys)
+            driver.settle()
+        ours = [e for e in driver.manager.take_events() if e.ownership == "KVOffloadDiskTier"]
+        stored = [k for e in ours if not e.removed for k in e.keys]
+        removed = [k for e in ours if e.removed for k in e.keys]
+        assert stored == first + second
+        assert sorted(removed) == sorted(first)  # a 2-record tier evicted the first prompt
+        assert all(e.medium is vllm_tiers.Medium.STORAGE for e in ours)
+    finally:
+        driver.close()
+
+
 # ---------------------------------------------------------------- vLLM's fs weak points
 
 
@@ -266,6 +285,32 @@ def test_weak_point_free_space_floor(tmp_path: Path) -> None:
         stats = tier.stats()
         assert stats["records"] == 4  # 6 free - 2 floor: four records fit, the rest evict
         assert stats["used_bytes"] == 4 * RECORD
+    finally:
+        driver.close()
+
+
+def test_weak_point_a_store_the_disk_refuses_is_counted_not_silent(tmp_path: Path) -> None:
+    """§1.11.4 (the tier's part): a failed store is a failed cascade job for vLLM and a
+    counted drop by reason in our metrics; the data stays in vLLM's CPU tier."""
+
+    class DiskFull(FileLayer):
+        def pwritev(self, fd: int, buffers: Any, offset: int) -> int:
+            raise OSError(errno.ENOSPC, "injected: no space left")
+
+    driver = driver_for(tmp_path, 8, 16, files=DiskFull())
+    try:
+        blocks = keys_for(3)
+        driver.request(blocks)
+        driver.settle()
+        stats = driver.manager.get_stats()
+        assert stats is not None
+        data = stats.data["data"]
+        assert sum(data[TieringOffloadingMetrics.CASCADE_JOB_FAILURES].values()) == 1
+        assert data["vllm:kv_offload_kvoffload_disk_stores_dropped"] == {
+            (str(tmp_path), "no_space"): 3}
+        assert driver.request(blocks) == 3  # still served from vLLM's CPU tier
+        assert driver.manager.secondary_tiers[0].lookup(blocks[0], ReqContext("x")) is (
+            LookupResult.MISS)  # never a record that was not written
     finally:
         driver.close()
 

@@ -43,6 +43,7 @@ def tiering_spec(
     engine_id: str = "kvoffload-test",
     eviction_policy: str = "lru",
     cache_policy_module_path: str | None = None,
+    kv_events: bool = False,
 ) -> TieringOffloadingSpec:
     extra: dict[str, Any] = {
         "spec_name": "TieringOffloadingSpec",
@@ -56,7 +57,7 @@ def tiering_spec(
     config = OffloadingConfig(
         groups=(OffloadingGroupConfig(tokens_per_block=16, layer_names=("l0",), group_id=0),),
         worker_kv_bytes_per_block=block_bytes,
-        enable_kv_cache_events=False,
+        enable_kv_cache_events=kv_events,
         extra_config=extra,
         engine_id=engine_id,
         model=OffloadingModelConfig(name="test-model", dtype="float16"),
