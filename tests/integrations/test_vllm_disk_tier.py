@@ -14,6 +14,7 @@ import logging
 import os
 import sys
 import threading
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -425,6 +426,21 @@ def test_weak_point_failed_load_is_reported_and_never_loops(tmp_path: Path) -> N
         disk_of(driver)._failed_loads.clear()
         assert driver.request(first) == 3  # the records were fine: served once reads work
         assert driver.counts.bad_bytes == 0
+    finally:
+        driver.close()
+
+
+def test_failed_load_verdicts_expire_and_stay_bounded(tmp_path: Path, monkeypatch: Any) -> None:
+    driver = driver_for(tmp_path, 4, 8)
+    try:
+        tier = disk_of(driver)
+        monkeypatch.setattr(vllm_tiers, "_MAX_FAILED_LOADS", 3)
+        now = time.monotonic()
+        tier._failed_loads.update({k: now - 1 for k in keys_for(2)})  # expired
+        fresh = keys_for(5)
+        tier._failed_loads.update({k: now + 60 for k in fresh})
+        tier._prune_failed_loads(now)
+        assert list(tier._failed_loads) == fresh[-3:]
     finally:
         driver.close()
 

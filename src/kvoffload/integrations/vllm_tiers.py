@@ -149,6 +149,9 @@ class TierMetric:
         return self.stat.endswith("_")
 
 
+#: Most keys remembered as "last load failed" (each a MISS until its ``failed_load_ttl_s``).
+_MAX_FAILED_LOADS = 65536
+
 #: The label our metrics carry to tell two tiers of one kind apart (vLLM adds ``tier``).
 STORE_LABEL = "store"
 
@@ -295,10 +298,12 @@ class _KVOffloadSecondaryTier(SecondaryTierManager):
     def _job_result(self, vllm_id: int, job: TransferJob, result: TierResult) -> JobResult:
         ok_keys = [k for k, ok in zip(result.keys, result.ok, strict=True) if ok]
         if result.kind is JobKind.GET and not result.all_ok and self.failed_load_ttl_s > 0:
-            expiry = time.monotonic() + self.failed_load_ttl_s
+            now = time.monotonic()
             for key, ok in zip(result.keys, result.ok, strict=True):
                 if not ok:
-                    self._failed_loads[key] = expiry
+                    self._failed_loads.pop(key, None)  # re-insert: the dict stays expiry-ordered
+                    self._failed_loads[key] = now + self.failed_load_ttl_s
+            self._prune_failed_loads(now)
         if self._emit_events:
             self._add_events(result, ok_keys)
         successful: Collection[OffloadKey] | None = None
@@ -311,6 +316,15 @@ class _KVOffloadSecondaryTier(SecondaryTierManager):
             transfer_time=result.seconds,
             transfer_bytes=result.nbytes,
         )
+
+    def _prune_failed_loads(self, now: float) -> None:
+        """Drop expired verdicts (oldest first) and keep at most ``_MAX_FAILED_LOADS``."""
+        failed = self._failed_loads
+        while failed:
+            key, expiry = next(iter(failed.items()))
+            if expiry > now and len(failed) <= _MAX_FAILED_LOADS:
+                break
+            del failed[key]
 
     def _add_events(self, result: TierResult, ok_keys: list[OffloadKey]) -> None:
         medium = self.medium or Medium.STORAGE
