@@ -83,7 +83,8 @@ def test_vllm_secondary_tiers_fs_shape_is_our_disk_tier(tmp_path: Path) -> None:
         ("memory", ValueError, r"tiers\[0\]' \(memory\) needs 'capacity_bytes'"),
         ({"type": "memory", "capacity_bytes": "64KiB"}, None, ""),
         (7, TypeError, r"tiers\[0\]' must be a mapping"),
-        ({"type": "no.such.module:Tier"}, ValueError, "cannot import"),
+        ({"type": "no.such.module:Tier"}, ImportError, r"tiers\[0\]\.type"),
+        ({"type": "kvoffload.keys:OffloadKey"}, TypeError, r"tiers\[0\]\.type"),
     ],
 )
 def test_wrong_entries_name_the_key(entry: object, error: type | None, match: str) -> None:

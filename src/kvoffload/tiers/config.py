@@ -206,13 +206,15 @@ def _resolve_type(where: str, raw: Mapping[str, Any]) -> tuple[str, type[Tier]]:
             raise TypeError(f"config '{where}.module_path' must be a non-empty string")
         name = f"{module_path}:{name}"
     name = TYPE_ALIASES.get(name, name)
-    known = available_tiers()
     try:
         return name, get_tier_cls(name)
     except ValueError as exc:
-        close = difflib.get_close_matches(name, known, n=1)
-        hint = f" Did you mean '{close[0]}'?" if close else ""
-        raise ValueError(f"config '{where}.type': {exc}.{hint}") from None
+        message = str(exc).rstrip(".")
+        close = difflib.get_close_matches(name, available_tiers(), n=1)
+        hint = f" Did you mean '{close[0]}'?" if close and "Did you mean" not in message else ""
+        raise ValueError(f"config '{where}.type': {message}.{hint}") from None
+    except (ImportError, TypeError) as exc:  # an out-of-tree tier that does not load
+        raise type(exc)(f"config '{where}.type': {exc}") from exc
 
 
 def parse_tier(raw: Mapping[str, Any], index: int = 0) -> TierConfig:
