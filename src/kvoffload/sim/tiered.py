@@ -23,12 +23,17 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvoffload.context import ReqContext
 from kvoffload.keys import OffloadKey, int_key
 from kvoffload.manager import LookupResult
 from kvoffload.sim.hit_lengths import summarize_hit_lengths
 from kvoffload.sim.records import Trace, TraceRequest
-from kvoffload.sim.replay import PolicySpec, ReplayOptions, ReplayResult, build_manager, make_context
+from kvoffload.sim.replay import (
+    PolicySpec,
+    ReplayOptions,
+    ReplayResult,
+    build_manager,
+    make_context,
+)
 from kvoffload.sim.tier_config import (
     DEFAULT_BYTES_PER_TOKEN,
     TIER_TYPES,
@@ -160,7 +165,11 @@ class _TieredReplayer:
     """The managers (one per instance), their secondaries and the counters of one replay."""
 
     def __init__(
-        self, trace: Trace, config: TierConfig, policy: PolicySpec, options: ReplayOptions,
+        self,
+        trace: Trace,
+        config: TierConfig,
+        policy: PolicySpec,
+        options: ReplayOptions,
         tier_policy: str,
     ) -> None:
         self.trace = trace
@@ -418,7 +427,9 @@ def tiered_replay(
         hit_lengths=summarize_hit_lengths(c.hit_lengths),
         capacity_label=config.label,
         bytes_per_block=(
-            None if options.bytes_per_token is None else options.bytes_per_token * trace.block_tokens
+            None
+            if options.bytes_per_token is None
+            else options.bytes_per_token * trace.block_tokens
         ),
         manager_stats=stats[0].as_dict() if len(stats) == 1 else {},
         tiers=tier_report(runner, block_bytes, bytes_per_token),

@@ -212,9 +212,7 @@ def plot_tiers(
     for r in rows:
         assert r.tiers is not None
         tier_names.extend(t["tier"] for t in r.tiers["per_tier"] if t["tier"] not in tier_names)
-    fig, (hits_ax, saved_ax) = plt.subplots(
-        1, 2, figsize=(11, 1.6 + 0.45 * len(rows)), sharey=True
-    )
+    fig, (hits_ax, saved_ax) = plt.subplots(1, 2, figsize=(11, 1.6 + 0.45 * len(rows)), sharey=True)
     ys = list(range(len(rows)))[::-1]
     left = [0.0] * len(rows)
     for index, name in enumerate(tier_names):
@@ -240,8 +238,13 @@ def plot_tiers(
     saved_ax.set_xlabel("prefill seconds saved against recomputation")
     for ax in (hits_ax, saved_ax):
         ax.grid(True, axis="x", alpha=0.3)
-    hits_ax.legend(loc="lower left", bbox_to_anchor=(0.0, 1.0), ncol=len(tier_names),
-                   fontsize="small", frameon=False)
+    hits_ax.legend(
+        loc="lower left",
+        bbox_to_anchor=(0.0, 1.0),
+        ncol=len(tier_names),
+        fontsize="small",
+        frameon=False,
+    )
     fig.suptitle(f"{title + ': ' if title else ''}multi-tier replay", y=1.02)
     path = Path(out)
     fig.savefig(path, dpi=120, bbox_inches="tight")
