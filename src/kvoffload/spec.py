@@ -15,20 +15,17 @@ Importing this module does not import torch: only ``get_worker`` does.
 from __future__ import annotations
 
 import difflib
-import importlib
-import inspect
 import logging
 import math
-import threading
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
-from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from kvoffload.layout import KVCacheLayout, slots_for_budget
 from kvoffload.manager import CPUOffloadingManager, OffloadingManager
+from kvoffload.registry import Registry
 
 if TYPE_CHECKING:
     from kvoffload.transfer.worker import TransferWorker
@@ -258,47 +255,16 @@ class CPUOffloadingSpec(OffloadingSpec):
 
 # ------------------------------------------------------------------------------ the registry
 
-
-def _import(spec_name: str, module_path: str) -> ModuleType:
-    try:
-        return importlib.import_module(module_path)
-    except ImportError as exc:
-        raise ImportError(
-            f"Cannot load offloading spec '{spec_name}': importing module '{module_path}' "
-            f"failed: {exc}"
-        ) from exc
-
-
-def _load_spec_class(spec_name: str, module_path: str, class_name: str) -> type[OffloadingSpec]:
-    module = _import(spec_name, module_path)
-    try:
-        obj = getattr(module, class_name)
-    except AttributeError:
-        found = sorted(
-            name
-            for name, value in vars(module).items()
-            if inspect.isclass(value)
-            and issubclass(value, OffloadingSpec)
-            and not inspect.isabstract(value)
-        )
-        raise ImportError(
-            f"Cannot load offloading spec '{spec_name}': module '{module_path}' has no class "
-            f"'{class_name}'. OffloadingSpec subclasses there: {found or 'none'}."
-        ) from None
-    if not (inspect.isclass(obj) and issubclass(obj, OffloadingSpec)):
-        what = obj.__qualname__ if inspect.isclass(obj) else type(obj).__name__ + " instance"
-        raise TypeError(
-            f"Offloading spec '{spec_name}' resolved to {what}, which is not a subclass of "
-            "kvoffload.spec.OffloadingSpec."
-        )
-    return obj
+#: The one registry behind :class:`OffloadingSpecFactory` (names -> lazily loaded classes).
+SPEC_REGISTRY: Registry[type[OffloadingSpec]] = Registry.of_subclasses(
+    "offloading spec", OffloadingSpec, module_path_key="spec_module_path", logger=logger
+)
 
 
 class OffloadingSpecFactory:
     """Registry of offloading specs: names -> lazily imported classes (process-wide)."""
 
-    _registry: dict[str, tuple[str, str]] = {}
-    _lock = threading.RLock()
+    registry = SPEC_REGISTRY
 
     @classmethod
     def register_spec(cls, name: str, module_path: str, class_name: str) -> None:
@@ -309,51 +275,24 @@ class OffloadingSpecFactory:
                 raise ValueError(
                     f"Offloading spec {what} must be a non-empty string, got {value!r}"
                 )
-        with cls._lock:
-            if name in cls._registry:
-                raise ValueError(f"Offloading spec '{name}' is already registered.")
-            cls._registry[name] = (module_path, class_name)
+        cls.registry.register(name, f"{module_path}:{class_name}")
 
     @classmethod
     def unregister_spec(cls, name: str) -> None:
         """Remove ``name`` (for tests and plugin reloads)."""
-        with cls._lock:
-            if cls._registry.pop(name, None) is None:
-                raise ValueError(f"Offloading spec '{name}' is not registered.")
+        cls.registry.unregister(name)
 
     @classmethod
     def registered_names(cls) -> list[str]:
         """Registered names, in registration order."""
-        with cls._lock:
-            return list(cls._registry)
+        return cls.registry.names()
 
     @classmethod
     def get_spec_cls(
         cls, spec_name: str = DEFAULT_SPEC, spec_module_path: str | None = None
     ) -> type[OffloadingSpec]:
-        """Resolve: registered name, then ``"module:Class"``, then ``spec_module_path``."""
-        if not isinstance(spec_name, str) or not spec_name:
-            raise ValueError(f"spec_name must be a non-empty string, got {spec_name!r}")
-        with cls._lock:
-            registered = cls._registry.get(spec_name)
-        if registered is not None:
-            return _load_spec_class(spec_name, *registered)
-        if ":" in spec_name:
-            module_path, _, class_name = spec_name.partition(":")
-            if not module_path or not class_name:
-                raise ValueError(
-                    f"Offloading spec '{spec_name}' looks like 'module:ClassName' but a part "
-                    "is empty."
-                )
-            return _load_spec_class(spec_name, module_path, class_name)
-        if spec_module_path:
-            logger.info("Loading offloading spec '%s' from '%s'", spec_name, spec_module_path)
-            return _load_spec_class(spec_name, spec_module_path, spec_name)
-        raise ValueError(
-            f"Unknown offloading spec: '{spec_name}'. Supported: {cls.registered_names()}. "
-            "For an out-of-tree spec, also set spec_module_path (or pass "
-            "'package.module:ClassName')."
-        )
+        """Resolve: ``spec_module_path``, then a registered name, then ``"module:Class"``."""
+        return cls.registry.resolve(spec_name, spec_module_path)
 
     @classmethod
     def create_spec(cls, config: OffloadingConfig, layout: KVCacheLayout) -> OffloadingSpec:
@@ -366,14 +305,8 @@ class OffloadingSpecFactory:
     @contextmanager
     def registry_snapshot(cls) -> Iterator[None]:
         """Restore the registry to its current content on exit (for tests)."""
-        with cls._lock:
-            saved = dict(cls._registry)
-        try:
+        with cls.registry.snapshot():
             yield
-        finally:
-            with cls._lock:
-                cls._registry.clear()
-                cls._registry.update(saved)
 
 
 OffloadingSpecFactory.register_spec(DEFAULT_SPEC, __name__, "CPUOffloadingSpec")
@@ -381,6 +314,7 @@ OffloadingSpecFactory.register_spec(DEFAULT_SPEC, __name__, "CPUOffloadingSpec")
 
 __all__ = [
     "DEFAULT_SPEC",
+    "SPEC_REGISTRY",
     "CPUOffloadingSpec",
     "OffloadingConfig",
     "OffloadingSpec",

@@ -274,9 +274,11 @@ def test_registry_loads_the_disk_tier_by_name_and_by_module_path() -> None:
 
     register_tier("mine-test", Mine)
     assert get_tier_cls("mine-test") is Mine
-    with pytest.raises(ValueError, match="unknown tier"):
+    with pytest.raises(ValueError, match="Unknown tier: 'nope'"):
         get_tier_cls("nope")
-    with pytest.raises(ValueError, match="not a Tier"):
+    with pytest.raises(ValueError, match="Did you mean 'disk'"):
+        get_tier_cls("Disk")
+    with pytest.raises(TypeError, match=r"not a subclass of kvoffload\.tiers\.base\.Tier"):
         get_tier_cls("os:path")
     with pytest.raises(TypeError):
         register_tier("x", int)  # type: ignore[arg-type]

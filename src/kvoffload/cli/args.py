@@ -11,7 +11,7 @@ from kvoffload.cli.errors import UserError
 from kvoffload.sim.capacity import CAPACITY_HELP
 from kvoffload.sim.replay import REPLAY_MODES
 from kvoffload.sim.tier_config import TIERS_HELP
-from kvoffload.sim.traces import TRACE_FORMATS
+from kvoffload.sim.traces import trace_format_choices
 
 
 def key_values(items: Sequence[str] | None, what: str) -> dict[str, Any]:
@@ -62,7 +62,7 @@ def add_trace(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("trace")
     g.add_argument(
         "--trace-format",
-        choices=TRACE_FORMATS,
+        choices=trace_format_choices(),
         default="auto",
         help="trace format (default auto: detected from the first record)",
     )

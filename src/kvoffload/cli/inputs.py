@@ -73,7 +73,7 @@ def load_input(args: argparse.Namespace) -> Trace:
         trace = load_trace(
             args.trace, args.trace_format, args.block_tokens, args.skip_bad_lines, args.max_requests
         )
-    except (ValueError, OSError, EOFError, UnicodeError) as exc:
+    except (ValueError, OSError, EOFError, UnicodeError, ImportError) as exc:
         raise UserError(str(exc)) from None
     if trace.skipped_lines:
         print(

@@ -1,31 +1,18 @@
 """Objects named on the command line (``package.module:Name``), built where they are used.
 
+Loading goes through :func:`kvoffload.registry.load_object`, the one ``module:Name`` loader.
+
 A factory holds only the name and parameters, so it pickles into sweep worker processes and
 each replay builds a fresh object (admission filters keep per-replay history).
 """
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 from typing import Any
 
 from kvoffload.admission import AdmissionFilter
-
-
-def load_object(target: str, what: str) -> Any:
-    """Import ``package.module:Name``; errors say which part failed."""
-    module_name, sep, attr = target.partition(":")
-    if not sep or not module_name or not attr:
-        raise ValueError(f"{what} '{target}' must look like 'package.module:ClassName'")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ImportError(f"cannot load {what} '{target}': {exc}") from exc
-    try:
-        return getattr(module, attr)
-    except AttributeError:
-        raise ImportError(f"cannot load {what} '{target}': module has no '{attr}'") from None
+from kvoffload.registry import load_object
 
 
 @dataclass(frozen=True)

@@ -64,6 +64,10 @@ class BlockIdInterner:
     def __len__(self) -> int:
         return len(self._ids)
 
+    def raw_ids(self) -> Iterator[Hashable]:
+        """The source's ids, in first-seen order."""
+        return iter(self._ids)
+
 
 @dataclass
 class Trace:

@@ -1,21 +1,25 @@
-"""Tiers by name (``disk``, ``redis``, ...) and out of tree by ``module:Class``.
+"""Tiers by name (``disk``, ``redis``, ``memory``), out of tree by ``module:Class``, and from
+installed distributions under the entry-point group ``kvoffload.tiers``.
 
-A small dict-based registry: the project-wide ``Registry[T]`` had not landed when this was
-written; its three functions are the whole surface, so moving onto it later changes no caller.
-Built-ins are registered lazily (by import path) so importing the registry imports no tier.
+One :class:`~kvoffload.registry.Registry` of concrete :class:`Tier` subclasses, like the
+policies'. Built-ins are registered lazily (by import path), so importing this module imports
+no tier: ``redis`` needs redis-py only when it is asked for.
 """
 
 from __future__ import annotations
 
-import importlib
-
+from kvoffload.registry import Registry
 from kvoffload.tiers.base import Tier
 
-_BUILTINS: dict[str, str] = {
-    "disk": "kvoffload.tiers.disk.tier:DiskTier",
-    "memory": "kvoffload.tiers.memory:MemoryTier",
-}
-_REGISTERED: dict[str, type[Tier]] = {}
+TIER_REGISTRY: Registry[type[Tier]] = Registry.of_subclasses(
+    "tier", Tier, entry_point_group="kvoffload.tiers", module_path_key="tier_module_path"
+)
+TIER_REGISTRY.register("disk", "kvoffload.tiers.disk.tier:DiskTier",
+                       description="bounded, crash-safe disk tier (arena file per namespace)")
+TIER_REGISTRY.register("memory", "kvoffload.tiers.memory:MemoryTier",
+                       description="in-memory tier (tests, simulations)")
+TIER_REGISTRY.register("redis", "kvoffload.tiers.redis.tier:RedisTier",
+                       description="shared Redis / Valkey tier (kvoffload[redis])")
 
 
 def register_tier(name: str, cls: type[Tier]) -> None:
@@ -24,41 +28,20 @@ def register_tier(name: str, cls: type[Tier]) -> None:
         raise TypeError(f"name must be a non-empty str, got {name!r}")
     if not (isinstance(cls, type) and issubclass(cls, Tier)):
         raise TypeError(f"cls must be a Tier subclass, got {cls!r}")
-    _REGISTERED[name] = cls
+    if name in TIER_REGISTRY.names():
+        TIER_REGISTRY.unregister(name)
+    TIER_REGISTRY.register(name, lambda: cls)
 
 
-def _load(path: str) -> type[Tier]:
-    module_name, _, attr = path.partition(":")
-    if not module_name or not attr:
-        raise ValueError(f"a tier path is 'module:Class', got {path!r}")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ValueError(f"cannot import tier module {module_name!r}: {exc}") from exc
-    cls = getattr(module, attr, None)
-    if not (isinstance(cls, type) and issubclass(cls, Tier)):
-        raise ValueError(f"{path!r} is not a Tier subclass")
-    return cls
-
-
-def get_tier_cls(name: str) -> type[Tier]:
-    """The class registered as ``name``, or the ``module:Class`` that ``name`` spells."""
-    if not isinstance(name, str):
-        raise TypeError(f"tier name must be a str, got {type(name).__name__}")
-    if name in _REGISTERED:
-        return _REGISTERED[name]
-    if name in _BUILTINS:
-        cls = _load(_BUILTINS[name])
-        _REGISTERED[name] = cls
-        return cls
-    if ":" in name:
-        return _load(name)
-    raise ValueError(f"unknown tier {name!r}; available: {available_tiers()} (or 'module:Class')")
+def get_tier_cls(name: str, module_path: str | None = None) -> type[Tier]:
+    """The class registered as ``name``, the ``module:Class`` it spells, or ``name`` in
+    ``module_path`` (out of tree, no registration)."""
+    return TIER_REGISTRY.resolve(name, module_path)
 
 
 def available_tiers() -> list[str]:
-    """Every registered and built-in tier name, sorted."""
-    return sorted(set(_BUILTINS) | set(_REGISTERED))
+    """Every registered and entry-point tier name, sorted."""
+    return TIER_REGISTRY.known_names()
 
 
-__all__ = ["available_tiers", "get_tier_cls", "register_tier"]
+__all__ = ["TIER_REGISTRY", "available_tiers", "get_tier_cls", "register_tier"]
