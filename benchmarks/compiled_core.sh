@@ -21,7 +21,7 @@ set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 PYTHON="${PYTHON:-python3}"
 MYPYC="${MYPYC:-mypyc}"
-MODULES=(manager keys context events policies/base policies/lru policies/arc policies/victims)
+MODULES=(manager/__init__ manager/api manager/counters manager/cpu manager/keyargs manager/locked manager/pool manager/records keys context events policies/base policies/lru policies/arc policies/victims)
 FILES=()
 for module in "${MODULES[@]}"; do FILES+=("kvoffload/$module.py"); done
 
@@ -43,8 +43,8 @@ ARGS=("$@")
 
 echo "== compiled core (mypyc) =="
 PYTHONPATH="$BUILD${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" - <<'EOF'
-import kvoffload.manager as m
-assert m.__file__.endswith(".so"), f"not the compiled manager: {m.__file__}"
+import kvoffload.manager.cpu as cpu
+assert cpu.__file__.endswith(".so"), f"not the compiled manager: {cpu.__file__}"
 EOF
 PYTHONPATH="$BUILD${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" "$HERE/compare_vllm.py" "${ARGS[@]}"
 echo

@@ -218,7 +218,7 @@ def test_unknown_completion_raises_and_changes_nothing() -> None:
         m.complete_load(keys(1), c)
 
 
-def test_completions_prepared_before_reset_are_ignored() -> None:
+def test_completions_prepared_before_reset_are_ignored_and_give_their_slots_back() -> None:
     m = CPUOffloadingManager(2)
     old = ctx("old")
     out = m.prepare_store(keys(1), old)
@@ -228,14 +228,21 @@ def test_completions_prepared_before_reset_are_ignored() -> None:
     m.prepare_load(keys(5), reader)
     m.reset_cache()
     new = ctx("new")
-    out2 = m.prepare_store(keys(1), new)  # same key, same slot 0, new generation
-    assert out2 is not None and out2.store_spec.block_ids == [0]
-    m.complete_store(keys(1), old)  # stale: must not make the new write readable
-    assert m.lookup(k(1)) == LookupResult.HIT_PENDING
-    m.complete_load(keys(5), reader)  # stale load completion: ignored
+    # Slot 0 is still being written and slot 1 still read: neither may be handed out.
+    assert m.prepare_store(keys(1), new) is None
     s = m.get_stats()
-    assert s.stale_completions == 2 and s.generation == 1
-    m.complete_store(keys(1), new)
+    assert (s.held_blocks, s.stored_blocks, s.pending_blocks, s.pinned_blocks) == (2, 0, 0, 0)
+    m.complete_store(keys(1), old)  # stale: gives slot 0 back, makes nothing readable
+    assert m.lookup(k(1)) == LookupResult.MISS
+    out2 = m.prepare_store(keys(1), new)  # same key, new generation, the slot just released
+    assert out2 is not None and out2.store_spec.block_ids == [0]
+    assert m.prepare_store(keys(2), new) is None  # slot 1 is still being read
+    m.complete_load(keys(5), reader)  # stale load completion: slot 1 comes back
+    s = m.get_stats()
+    assert s.stale_completions == 2 and s.generation == 1 and s.held_blocks == 0
+    out3 = m.prepare_store(keys(2), new)
+    assert out3 is not None and out3.store_spec.block_ids == [1]
+    m.complete_store(keys(1, 2), new)
     assert m.lookup(k(1)) == LookupResult.HIT
 
 
@@ -454,6 +461,6 @@ def test_subclass_hooks_are_honoured_by_batched_calls() -> None:
 
 
 def test_plain_lru_skips_touching_pure_misses_but_arc_does_not() -> None:
-    assert CPUOffloadingManager(2)._touch_misses is False
-    assert CPUOffloadingManager(2, cache_policy="arc")._touch_misses is True
-    assert CPUOffloadingManager(2, cache_policy=HookedLRU(2))._touch_misses is True
+    assert CPUOffloadingManager(2).touches_misses is False
+    assert CPUOffloadingManager(2, cache_policy="arc").touches_misses is True
+    assert CPUOffloadingManager(2, cache_policy=HookedLRU(2)).touches_misses is True

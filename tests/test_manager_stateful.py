@@ -1,4 +1,10 @@
-"""Hypothesis state machine: the manager with every built-in policy against a reference model."""
+"""Hypothesis state machine: the manager with every built-in policy against a reference model.
+
+Offered and loaded keys may repeat within a call (a repeated store offer counts once, at its
+first place; each repeated load is one more pin), and resets come while jobs are in flight:
+their slots stay held (never handed out) until their stale completions arrive or
+``release_stale_slots`` says they are done.
+"""
 
 from __future__ import annotations
 
@@ -34,6 +40,14 @@ class Job:
     generation: int
 
 
+@dataclass
+class Held:
+    """A slot whose block was being written or read when its generation ended."""
+
+    slot: int
+    jobs: int  # completions still due
+
+
 def make_machine(policy: str) -> type[RuleBasedStateMachine]:
     class ManagerMachine(RuleBasedStateMachine):
         @initialize(capacity=st.integers(1, 6), partial=st.booleans())
@@ -46,24 +60,49 @@ def make_machine(policy: str) -> type[RuleBasedStateMachine]:
             self.loads: list[Job] = []
             self.generation = 0
             self.n = 0
+            # generation that ended -> key -> held slot. With a block table each slot comes
+            # back with its own last job; without one, all of a generation's come back together.
+            self.held: dict[int, dict[OffloadKey, Held]] = {}
+            self.precise = self.m.policy.block_table is not None
+
+        def held_slots(self) -> set[int]:
+            return {h.slot for by_key in self.held.values() for h in by_key.values()}
+
+        def stale_job_done(self, generation: int, key: OffloadKey) -> None:
+            by_key = self.held.get(generation)
+            if by_key is None:
+                return
+            if self.precise:
+                held = by_key.get(key)
+                if held is not None:
+                    held.jobs -= 1
+                    if held.jobs == 0:
+                        del by_key[key]
+            else:
+                first = next(iter(by_key.values()))
+                first.jobs -= 1  # the generation's count, kept on any one entry
+                if sum(h.jobs for h in by_key.values()) == 0:
+                    by_key.clear()
+            if not by_key:
+                del self.held[generation]
 
         def ctx(self) -> ReqContext:
             self.n += 1
             return ReqContext(req_id=f"r{self.n}")
 
-        @rule(ids=st.lists(st.integers(0, KEY_POOL - 1), min_size=1, max_size=5, unique=True))
+        @rule(ids=st.lists(st.integers(0, KEY_POOL - 1), min_size=1, max_size=5))
         def prepare_store(self, ids: list[int]) -> None:
-            offered = [k(i) for i in ids]
+            offered = list(dict.fromkeys(k(i) for i in ids))  # a repeat counts once
             absent = [key for key in offered if key not in self.blocks]
             evictable = [
                 key
                 for key, b in self.blocks.items()
                 if not b.pending and b.pins == 0 and key not in offered
             ]
-            free = self.capacity - len(self.blocks)
+            free = self.capacity - len(self.blocks) - len(self.held_slots())
             fits = len(absent) - free <= len(evictable)
             c = self.ctx()
-            out = self.m.prepare_store(offered, c)
+            out = self.m.prepare_store([k(i) for i in ids], c)
             if not fits and not (self.partial and free + len(evictable) > 0):
                 assert out is None
                 return
@@ -75,7 +114,9 @@ def make_machine(policy: str) -> type[RuleBasedStateMachine]:
                 assert victim in evictable, "evicted a pinned, pending, protected or absent block"
                 del self.blocks[victim]
             assert len(out.evicted_keys) == max(0, len(expected) - free)
+            held = self.held_slots()
             for key, slot in zip(out.keys_to_store, out.store_spec.block_ids, strict=True):
+                assert slot not in held, "handed out a slot a job from before a reset still uses"
                 self.blocks[key] = Block(slot)
             if out.keys_to_store:
                 self.stores.append(Job(c, list(out.keys_to_store), self.generation))
@@ -85,8 +126,10 @@ def make_machine(policy: str) -> type[RuleBasedStateMachine]:
         def complete_store(self, data: st.DataObject, success: bool) -> None:
             job = self.stores.pop(data.draw(st.integers(0, len(self.stores) - 1)))
             self.m.complete_store(job.keys, job.ctx, success=success)
-            if job.generation != self.generation:
-                return  # stale: must change nothing (checked by the invariants)
+            if job.generation != self.generation:  # stale: only its slots come back
+                for key in job.keys:
+                    self.stale_job_done(job.generation, key)
+                return
             for key in job.keys:
                 if success:
                     self.blocks[key].pending = False
@@ -97,9 +140,7 @@ def make_machine(policy: str) -> type[RuleBasedStateMachine]:
         @rule(data=st.data())
         def prepare_load(self, data: st.DataObject) -> None:
             ready = sorted(key for key, b in self.blocks.items() if not b.pending)
-            chosen = data.draw(
-                st.lists(st.sampled_from(ready), min_size=1, max_size=3, unique=True)
-            )
+            chosen = data.draw(st.lists(st.sampled_from(ready), min_size=1, max_size=3))
             c = self.ctx()
             spec = self.m.prepare_load(chosen, c)
             assert spec.block_ids == [self.blocks[key].slot for key in chosen]
@@ -112,15 +153,30 @@ def make_machine(policy: str) -> type[RuleBasedStateMachine]:
         def complete_load(self, data: st.DataObject) -> None:
             job = self.loads.pop(data.draw(st.integers(0, len(self.loads) - 1)))
             self.m.complete_load(job.keys, job.ctx)
-            if job.generation == self.generation:
-                for key in job.keys:
+            for key in job.keys:
+                if job.generation == self.generation:
                     self.blocks[key].pins -= 1
+                else:
+                    self.stale_job_done(job.generation, key)
 
         @rule()
         def reset(self) -> None:
             self.m.reset_cache()
+            in_flight = {
+                key: Held(b.slot, 1 if b.pending else b.pins)
+                for key, b in self.blocks.items()
+                if b.pending or b.pins
+            }
+            if in_flight:
+                self.held[self.generation] = in_flight
             self.generation += 1
             self.blocks.clear()
+
+        @precondition(lambda self: bool(self.held))
+        @rule()
+        def release_stale_slots(self) -> None:
+            assert self.m.release_stale_slots() == len(self.held_slots())
+            self.held.clear()
 
         @rule(i=st.integers(0, KEY_POOL - 1))
         def lookup(self, i: int) -> None:
@@ -141,7 +197,9 @@ def make_machine(policy: str) -> type[RuleBasedStateMachine]:
             slots = [b.slot for b in self.blocks.values()]
             assert len(set(slots)) == len(slots), "a slot is owned twice"
             assert all(0 <= s < self.capacity for s in slots)
+            assert not self.held_slots() & set(slots), "a held slot also holds a block"
             stats = self.m.get_stats()
+            assert stats.held_blocks == len(self.held_slots())
             assert stats.stored_blocks == len(self.blocks)
             assert stats.pending_blocks == sum(b.pending for b in self.blocks.values())
             assert stats.pinned_blocks == sum(b.pins > 0 for b in self.blocks.values())
@@ -152,6 +210,8 @@ def make_machine(policy: str) -> type[RuleBasedStateMachine]:
                 status = self.m.policy.get(key)
                 assert status is not None and status.block_id == block.slot
                 assert status.ref_cnt == (-1 if block.pending else block.pins)
+            busy = any(b.pending or b.pins for b in self.blocks.values()) or bool(self.held)
+            assert self.m.has_pending_work() is busy
 
     ManagerMachine.__name__ = f"ManagerMachine_{policy}"
     return ManagerMachine

@@ -62,6 +62,7 @@ _GAUGES = {
     "pending_blocks": "Blocks being written.",
     "pinned_blocks": "Blocks being read.",
     "evictable_blocks": "Blocks that may be evicted now.",
+    "held_blocks": "Slots of jobs in flight at a reset, not handed out until they complete.",
     "fill_ratio": "Stored blocks / capacity.",
     "pending_ratio": "Blocks being written / capacity.",
     "pinned_ratio": "Blocks being read / capacity.",

@@ -233,6 +233,11 @@ class KVOffloader:
         bpc = self.blocks_per_chunk
         with self._request(ctx) as req:
             out = self.manager.prepare_store(keys, req)
+            if out is None and self._stores and self._holds_slots():
+                # Slots of background stores from before a reset come back only when those
+                # writes complete: wait for them, then try once more.
+                self.flush()
+                out = self.manager.prepare_store(keys, req)
             if out is None:
                 self._counts["stores_without_room"] += 1
                 return 0
@@ -268,8 +273,8 @@ class KVOffloader:
         self._reap()
 
     def reset(self) -> None:
-        """Drop every offloaded block. Background stores still finish; their completion is
-        ignored by the manager (stale generation) and their slots are reused only after them."""
+        """Drop every offloaded block. Background stores still finish: the manager keeps
+        their slots out of use until their (stale) completion, which changes nothing else."""
         self._check_open()
         self.manager.reset_cache()
 
@@ -326,6 +331,10 @@ class KVOffloader:
                 self._counts["failed_stores"] += 1
                 logger.warning("store job %d failed: %s", result.job_id, result.error)
         return {r.job_id: r for r in results}
+
+    def _holds_slots(self) -> bool:
+        stats = self.manager.get_stats()
+        return stats is not None and stats.held_blocks > 0
 
     def _chunk_keys(self, block_hashes: Sequence[bytes], group: int) -> list[OffloadKey]:
         bpc = self.blocks_per_chunk

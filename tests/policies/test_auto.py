@@ -10,6 +10,7 @@ from kvoffload.context import ReqContext
 from kvoffload.manager import CPUOffloadingManager
 from kvoffload.policies import create_cache_policy
 from kvoffload.policies.auto import AutoCachePolicy
+from kvoffload.sim.drive import access_blocks
 from kvoffload.testing.drive import int_key
 
 
@@ -26,7 +27,7 @@ def _run(manager: CPUOffloadingManager, ids: list[int]) -> int:
     hits = 0
     for i, block_id in enumerate(ids):
         ctx = ReqContext(req_id=str(i), timestamp=float(i))
-        out = manager.access_blocks([int_key(block_id)], ctx)
+        out = access_blocks(manager, [int_key(block_id)], ctx)
         hits += out.results[0].value == "hit"
         manager.on_request_finished(ctx)
     return hits

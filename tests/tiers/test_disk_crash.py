@@ -23,6 +23,7 @@ from kvoffload.tiers.disk import HEADER_BYTES, DiskTier
 SLOT = 96 * 1024
 RECORDS = 64  # the child writes more than this, so evictions happen mid-run too
 RUNS = 24
+MAX_BATCH = 3  # the child's batches are 1 to 3 keys
 
 
 def _block(i: int) -> bytes:
@@ -104,9 +105,15 @@ def test_sigkill_at_random_points_loses_no_completed_block_and_serves_no_torn_on
         tier = DiskTier(memory, tmp_path, RECORDS * (HEADER_BYTES + SLOT))
         torn += int(tier.stats()["torn_records"])
         present = {_index(b.key) for b in tier.scan()}
-        # every completed block the child did not evict itself (its budget is RECORDS)
-        missing = sorted(k for k in reported - evicted if k not in present)
-        assert not missing, f"run {run} ({durability}): completed blocks lost: {missing[:5]}"
+        # every completed block the child did not evict itself (its budget is RECORDS) is
+        # back, except that the put in flight at the kill (at most 3 keys, never reported) may
+        # already have evicted as many of the oldest records to make room for itself
+        survivors = sorted(reported - evicted)
+        missing = [k for k in survivors if k not in present]
+        oldest = set(survivors[: 2 * MAX_BATCH])
+        assert len(missing) <= MAX_BATCH and set(missing) <= oldest, (
+            f"run {run} ({durability}): completed blocks lost: {missing[:5]}"
+        )
         for k in sorted(present):
             job = tier.submit_get([conformance_key(k)], [0])
             assert tier.drain(10.0)

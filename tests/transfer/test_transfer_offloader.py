@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -197,6 +199,57 @@ def test_closed_offloader_refuses_calls_and_unknown_config_is_rejected() -> None
     with pytest.raises(ValueError, match="Did you mean 'store_threshold'"):
         KVOffloader(caches, cpu_bytes=1 << 20, store_treshold=2)
 
+
+def test_a_hash_given_twice_is_stored_once_from_its_first_block() -> None:
+    off, caches = _offloader(slots=3)
+    h = _hashes(4, seed=5)
+    original = [c.clone() for c in caches]
+    with off:
+        assert off.store([h[0], h[0]], [1, 2]) == 1
+        m = off.stats().manager
+        assert m is not None and (m.stored_blocks, m.pending_blocks) == (1, 0)
+        assert off.load([h[0]], [9]) == 1
+        assert _same(caches, [9], [1], original)
+        assert off.store(h[1:], [3, 4, 5]) == 3  # 3 fresh blocks still fit the 3 slots
+
+
+def test_reset_keeps_the_slots_of_stores_in_flight_until_they_complete(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    off, caches = _offloader(slots=6)
+    old, new = _hashes(4, seed=1), _hashes(2, seed=2)
+    original = [c.clone() for c in caches]
+    gate = threading.Event()
+    real_copy = cpu_worker.copy_pairs
+
+    def gated(dst: list[torch.Tensor], src: list[torch.Tensor]) -> None:
+        assert gate.wait(30), "the test never opened the gate"
+        real_copy(dst, src)
+
+    submitted: list[list[int]] = []
+    real_submit = off.worker.submit_store
+
+    def spy(job_id: int, blocks: list[int], slots: list[int], *args: object) -> None:
+        submitted.append(list(slots))
+        real_submit(job_id, blocks, slots, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(cpu_worker, "copy_pairs", gated)
+    monkeypatch.setattr(off.worker, "submit_store", spy)
+    with off:
+        assert off.store(old, [0, 1, 2, 3], wait=False) == 4  # held up in the worker
+        off.reset()
+        m = off.stats().manager
+        assert m is not None and (m.held_blocks, m.stored_blocks) == (4, 0)
+        assert off.store(new, [4, 5], wait=False) == 2
+        assert not set(submitted[1]) & set(submitted[0]), "reused a slot still being written"
+        gate.set()
+        off.flush()
+        m = off.stats().manager
+        assert m is not None and (m.held_blocks, m.stale_completions, m.stored_blocks) == (0, 4, 2)
+        assert off.lookup(old) == 0 and off.lookup(new) == 2
+        off.load(new, [10, 11])
+        assert _same(caches, [10, 11], [4, 5], original)
+        assert off.store(_hashes(4, seed=3), [20, 21, 22, 23]) == 4  # the held slots are back
 
 def test_facade_moved_above_the_spec_and_keeps_its_old_names() -> None:
     import kvoffload.transfer as transfer

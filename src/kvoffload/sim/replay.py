@@ -19,10 +19,10 @@ pure) only to count block hits that a prefix cache could not use.
 
 ``blocks`` mode treats every block as an independent access, libCacheSim's model: lookup;
 a hit is ``prepare_load`` + ``complete_load``; a miss is ``prepare_store`` +
-``complete_store``, all made by one ``CPUOffloadingManager.access_blocks`` call per request
-(the same policy calls and counters, tested against the per-key calls). A key repeated within
-a request starts a new context there. With LRU or ARC it reproduces libCacheSim's hit counts
-exactly.
+``complete_store``, all made by one :func:`kvoffload.sim.drive.access_blocks` call per
+request (the same policy calls and counters, tested against the per-key calls). A key
+repeated within a request starts a new context there. With LRU or ARC it reproduces
+libCacheSim's hit counts exactly.
 
 ``overlap=True`` (prefix mode) keeps requests running concurrently: a request arrives at its
 timestamp, runs for ``input / prefill_tokens_per_s + output / decode_tokens_per_s`` seconds,
@@ -42,6 +42,7 @@ from kvoffload.admission import AdmissionFilter
 from kvoffload.context import ReqContext
 from kvoffload.keys import OffloadKey, int_key
 from kvoffload.manager import CPUOffloadingManager, LookupResult
+from kvoffload.sim.drive import access_blocks
 from kvoffload.sim.hit_lengths import HitLengths, summarize_hit_lengths
 from kvoffload.sim.records import Trace, TraceRequest
 
@@ -316,7 +317,7 @@ class _Replayer:
                         run += 1
                 ctx.prefix_hit_blocks = run
                 m.on_new_request(ctx)
-                out = m.access_blocks(segment, ctx)
+                out = access_blocks(m, segment, ctx)
                 c.block_hits += out.results.count(hit)
                 c.stored += out.stored
                 c.evictions += out.evicted

@@ -35,7 +35,7 @@ import enum
 import logging
 import time
 from collections import Counter, OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -52,6 +52,7 @@ from kvoffload.manager import (
     PrepareStoreOutput,
     RequestOffloadingContext,
 )
+from kvoffload.manager.keyargs import key_list
 from kvoffload.tiers.base import JobKind, Presence, SlotMemory, Tier, TierResult
 from kvoffload.tiers.breaker import BREAKER_GAUGE, BreakerState, CircuitBreaker
 
@@ -785,7 +786,8 @@ class TieringManager(OffloadingManager):
         if state is not None:
             state.seen.clear()
 
-    def prepare_load(self, keys: Sequence[OffloadKey], ctx: ReqContext) -> CPULoadStoreSpec:
+    def prepare_load(self, keys: Iterable[OffloadKey], ctx: ReqContext) -> CPULoadStoreSpec:
+        keys = key_list(keys, "prepare_load")
         self._end_pass(ctx)
         spec = self.cpu.prepare_load(keys, ctx)
         for st in self._tiers:
@@ -793,15 +795,16 @@ class TieringManager(OffloadingManager):
                 self._offer(st, keys, ctx)  # a CPU hit is an offer
         return spec
 
-    def touch(self, keys: Sequence[OffloadKey], ctx: ReqContext | None = None) -> None:
+    def touch(self, keys: Iterable[OffloadKey], ctx: ReqContext | None = None) -> None:
         self.cpu.touch(keys, ctx)
 
-    def complete_load(self, keys: Sequence[OffloadKey], ctx: ReqContext) -> None:
+    def complete_load(self, keys: Iterable[OffloadKey], ctx: ReqContext) -> None:
         self.cpu.complete_load(keys, ctx)
 
     def prepare_store(
-        self, keys: Sequence[OffloadKey], ctx: ReqContext
+        self, keys: Iterable[OffloadKey], ctx: ReqContext
     ) -> PrepareStoreOutput | None:
+        keys = key_list(keys, "prepare_store")
         self._end_pass(ctx)
         if self._resetting:
             self._counters["stores_dropped_resetting"] += 1
@@ -818,8 +821,9 @@ class TieringManager(OffloadingManager):
         return out
 
     def complete_store(
-        self, keys: Sequence[OffloadKey], ctx: ReqContext, success: bool = True
+        self, keys: Iterable[OffloadKey], ctx: ReqContext, success: bool = True
     ) -> None:
+        keys = key_list(keys, "complete_store")
         mine = [k for k in dict.fromkeys(keys) if self._pending.get(k) is ctx]
         self.cpu.complete_store(keys, ctx, success)
         if not success:

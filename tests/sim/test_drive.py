@@ -1,4 +1,4 @@
-"""``access_blocks`` equals the per-key public call sequence, for every built-in policy.
+"""``sim.drive.access_blocks`` equals the per-key public call sequence, for every built-in policy.
 
 Two managers see the same traffic: one through ``access_blocks``, one through ``lookup`` then
 ``prepare_load`` + ``complete_load`` (HIT) or ``prepare_store`` + ``complete_store`` (MISS),
@@ -17,6 +17,7 @@ from kvoffload import CPUOffloadingManager, LookupResult, ReqContext
 from kvoffload.keys import OffloadKey
 from kvoffload.manager import BlockAccesses
 from kvoffload.policies import BUILTIN_POLICIES
+from kvoffload.sim.drive import access_blocks
 from kvoffload.testing.drive import int_key
 
 POLICIES = [row[0] for row in BUILTIN_POLICIES]
@@ -102,7 +103,7 @@ def drive(policy: str, seed: int, **manager_kwargs: object) -> None:
             ctx_fast, ctx_slow = context(n, keys), context(n, keys)
             fast.on_new_request(ctx_fast)
             slow.on_new_request(ctx_slow)
-            got = fast.access_blocks(keys, ctx_fast)
+            got = access_blocks(fast, keys, ctx_fast)
             want = access_by_calls(slow, keys, ctx_slow)
             assert got == want, f"step {n}"
             fast.on_request_finished(ctx_fast)
@@ -126,7 +127,7 @@ def test_access_blocks_reports_what_it_did() -> None:
     m = CPUOffloadingManager(2)
     ctx = ReqContext(req_id="r")
     a, b, c = int_key(1), int_key(2), int_key(3)
-    out = m.access_blocks([a, b, a, c], ctx)
+    out = access_blocks(m, [a, b, a, c], ctx)
     assert out.results == [
         LookupResult.MISS,
         LookupResult.MISS,
@@ -142,5 +143,5 @@ def test_access_blocks_reports_what_it_did() -> None:
 def test_access_blocks_needs_the_request_context() -> None:
     m = CPUOffloadingManager(2)
     with pytest.raises(ValueError, match="ReqContext"):
-        m.access_blocks([int_key(1)], None)  # type: ignore[arg-type]
+        access_blocks(m, [int_key(1)], None)  # type: ignore[arg-type]
     assert m.get_stats().lookups == 0

@@ -1,0 +1,590 @@
+"""CPUOffloadingManager: the bookkeeping of a fixed pool of CPU slots (no data moves here)."""
+
+from __future__ import annotations
+
+import logging
+import operator
+import threading
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from threading import get_ident
+from typing import Any, NoReturn
+
+from kvoffload.admission import AdmissionFilter, build_admission
+from kvoffload.context import ReqContext
+from kvoffload.events import OffloadingEvent
+from kvoffload.keys import OffloadKey
+from kvoffload.manager.api import (
+    CPULoadStoreSpec,
+    LookupResult,
+    OffloadingManager,
+    OffloadingStats,
+    PrepareStoreOutput,
+    RequestOffloadingContext,
+)
+from kvoffload.manager.counters import Counters
+from kvoffload.manager.keyargs import check_key_types, describe_key, key_list, wrong_key_type
+from kvoffload.manager.locked import locked_class
+from kvoffload.manager.pool import SlotPool
+from kvoffload.manager.records import RequestRecord
+from kvoffload.policies import BlockStatus, CachePolicy, create_cache_policy
+
+logger = logging.getLogger(__name__)
+
+_MISS = LookupResult.MISS
+_HIT = LookupResult.HIT
+_HIT_PENDING = LookupResult.HIT_PENDING
+_block_id = operator.attrgetter("block_id")
+_BIND_LOCK = threading.Lock()
+
+
+class CPUOffloadingManager(OffloadingManager):
+    """Bookkeeping of a fixed pool of CPU slots with a pluggable eviction policy.
+
+    Args:
+        num_blocks: number of slots (offloaded blocks the tier holds).
+        cache_policy: policy name (``"lru"``, ``"arc"``, any registered or entry-point name,
+            ``"module:Class"``) or a ``CachePolicy`` instance built by the caller.
+        cache_policy_module_path: module of an unregistered policy class named ``cache_policy``.
+        cache_policy_params: keyword parameters for the policy's constructor.
+        enable_events: record :class:`OffloadingEvent` s for ``take_events``.
+        store_threshold: admit a block on its N-th offer (0 or 1: store everything).
+        max_tracker_size: bound of the offer tracker used when ``store_threshold >= 2``.
+        admission: extra admission filter(s) (see :mod:`kvoffload.admission`).
+        skip_partial_tail: never store the request's last, partial block.
+        partial_store: store the longest prefix that fits instead of nothing.
+        thread_safe: guard every public method with one lock (the instance's class becomes
+            ``locked_class(cls)``); without it, a call from a second thread raises.
+
+    For drivers that bypass the public calls for speed (the simulator's blocks mode,
+    :func:`kvoffload.sim.drive.access_blocks`) the manager exposes its parts: ``pool``,
+    ``counters``, ``status_getter``, ``touches_misses`` and ``request_record(ctx)``. Such a
+    driver must leave them exactly as the public calls would.
+    """
+
+    def __init__(
+        self,
+        num_blocks: int,
+        cache_policy: str | CachePolicy = "lru",
+        cache_policy_module_path: str | None = None,
+        cache_policy_params: Mapping[str, Any] | None = None,
+        enable_events: bool = False,
+        store_threshold: int = 0,
+        max_tracker_size: int = 64000,
+        admission: AdmissionFilter | Sequence[AdmissionFilter] | None = None,
+        skip_partial_tail: bool = False,
+        partial_store: bool = False,
+        thread_safe: bool = False,
+    ) -> None:
+        if isinstance(num_blocks, bool) or not isinstance(num_blocks, int):
+            raise TypeError(f"num_blocks must be an int, got {type(num_blocks).__name__}")
+        if num_blocks < 0:
+            raise ValueError(f"num_blocks must be >= 0, got {num_blocks}")
+        self.num_blocks = num_blocks
+        if isinstance(cache_policy, CachePolicy):
+            if cache_policy_params:
+                raise ValueError("cache_policy_params cannot be used with a policy instance")
+            policy = cache_policy
+        else:
+            policy = create_cache_policy(
+                cache_policy, num_blocks, cache_policy_module_path, dict(cache_policy_params or {})
+            )
+        self._admission = build_admission(
+            admission, store_threshold, max_tracker_size, skip_partial_tail
+        )
+        self._enable_events = enable_events
+        self._partial_store = partial_store
+        self._events: list[OffloadingEvent] = []
+        self._generation = 0
+        self._pool = SlotPool(num_blocks)
+        self._counters = Counters()
+        # The thread that calls the manager: bound by the first call (0: none yet); None once
+        # shut down. A mismatch sends the call to _other_thread, which decides.
+        self._owner: int | None = 0
+        self._shut_down = False
+        self._thread_safe = thread_safe
+        self._policy = policy
+        self._bind_policy()
+        if thread_safe:
+            self._lock = threading.RLock()
+            self.__class__ = locked_class(type(self))
+
+    # ----------------------------------------------------------------- the policy
+    def _bind_policy(self) -> None:
+        """Derive everything the hot paths read from ``self._policy`` (the one place).
+
+        Sets the status getter (the policy's block table's C-level ``get`` when it exposes
+        one, else its ``get``) and whether misses must be touched. Call it whenever
+        ``self._policy`` changes or is cleared.
+        """
+        policy = self._policy
+        table = policy.block_table
+        self._table = table if isinstance(table, dict) else None
+        self._get: Callable[[OffloadKey], BlockStatus | None] = (
+            table.get if table is not None else policy.get
+        )
+        self._touch_misses = policy.touches_misses  # exact: CachePolicy.__init_subclass__
+
+    @property
+    def policy(self) -> CachePolicy:
+        """The eviction policy instance (read-only access for introspection)."""
+        return self._policy
+
+    @property
+    def generation(self) -> int:
+        """Bumped by every ``reset_cache``."""
+        return self._generation
+
+    # ----------------------------------------------------------------- driver parts
+    @property
+    def pool(self) -> SlotPool:
+        """The slots and the count of blocks in each state."""
+        return self._pool
+
+    @property
+    def counters(self) -> Counters:
+        """The cumulative counters."""
+        return self._counters
+
+    @property
+    def status_getter(self) -> Callable[[OffloadKey], BlockStatus | None]:
+        """``key -> BlockStatus | None`` (pure; the fastest way to the policy's table)."""
+        return self._get
+
+    @property
+    def touches_misses(self) -> bool:
+        """Whether stores touch the keys they offer that are not stored (ghost learning)."""
+        return self._touch_misses
+
+    @property
+    def admission(self) -> AdmissionFilter | None:
+        """The admission filter(s) combined, or ``None`` when every block is admitted."""
+        return self._admission
+
+    @property
+    def events_enabled(self) -> bool:
+        return self._enable_events
+
+    def request_record(self, ctx: ReqContext | None) -> RequestRecord:
+        """The request's bookkeeping (created on first use; renewed after a reset).
+
+        Every call that changes state starts here, so the thread and shutdown checks are
+        made here, once per call.
+        """
+        if self._owner != get_ident():
+            self._other_thread()
+        if ctx is None:
+            raise ValueError("this call needs the request's ReqContext")
+        record = ctx.get_state(RequestRecord)
+        if record is None:
+            record = RequestRecord(self._generation)
+            ctx.set_state(record)
+        elif record.generation != self._generation:
+            record.start_generation(self._generation)  # the request outlived a reset
+        return record
+
+    # ----------------------------------------------------------------- checks
+    def _check_entry(self) -> None:
+        """The thread and shutdown checks, for calls without a request."""
+        if self._owner != get_ident():
+            self._other_thread()
+
+    def _other_thread(self) -> None:
+        """A call from a thread other than the bound one (or the first call, or after
+        shutdown): bind the thread, or raise before anything changes."""
+        if self._shut_down:
+            raise RuntimeError(
+                f"{type(self).__name__} was shut down; build a new manager to keep offloading"
+            )
+        ident = get_ident()
+        if self._thread_safe:
+            self._owner = ident
+            return
+        with _BIND_LOCK:  # two first calls at once: only one thread binds
+            if self._owner == 0:
+                self._owner = ident
+        if self._owner == ident:
+            return
+        raise RuntimeError(
+            f"{type(self).__name__} is used by thread {self._owner} and was called from thread "
+            f"{ident}: a manager without a lock must be called from one thread. Build it "
+            "with thread_safe=True when completions (or any call) come from other threads"
+        )
+
+    def _shut_down_get(self, key: OffloadKey) -> NoReturn:
+        self._other_thread()  # raises: shut down
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _touch_once(
+        self, record: RequestRecord, keys: Iterable[OffloadKey], ctx: ReqContext | None
+    ) -> None:
+        """Touch the keys this request has not accessed yet (each once, in order)."""
+        touched = record.touched
+        if not touched:
+            fresh = list(keys)
+            touched.update(fresh)
+            if len(touched) != len(fresh):  # a key repeated in the call
+                fresh = list(dict.fromkeys(fresh))
+        else:
+            fresh = []
+            for key in keys:
+                if key not in touched:
+                    touched.add(key)
+                    fresh.append(key)
+        if fresh:
+            self._policy.touch(fresh, ctx)
+
+    # --------------------------------------------------------------- the API
+    def lookup(self, key: OffloadKey, ctx: ReqContext | None = None) -> LookupResult:
+        status = self._get(key)
+        counters = self._counters
+        counters.lookups += 1
+        if status is None:
+            return _MISS
+        if status.ref_cnt >= 0:
+            counters.hits += 1
+            return _HIT
+        counters.hits_pending += 1
+        return _HIT_PENDING
+
+    def prepare_load(self, keys: Iterable[OffloadKey], ctx: ReqContext) -> CPULoadStoreSpec:
+        if type(keys) is not list:
+            keys = key_list(keys, "prepare_load")
+        record = self.request_record(ctx)
+        get = self._get
+        statuses = [get(key) for key in keys]
+        for key, status in zip(keys, statuses, strict=True):
+            if status is None or status.ref_cnt < 0:
+                error = wrong_key_type(key, "prepare_load")
+                if error is not None:
+                    raise error
+                state = "not stored" if status is None else "still being written"
+                raise ValueError(
+                    f"prepare_load: key {describe_key(key)} is {state}; load only keys whose "
+                    "lookup returned HIT"
+                )
+        self._touch_once(record, keys, ctx)
+        mark_non_evictable = self._policy.mark_non_evictable
+        loads = record.loads
+        pinned_now = 0
+        for key, status in zip(keys, statuses, strict=True):
+            if status.ref_cnt == 0:  # type: ignore[union-attr]
+                mark_non_evictable(key)
+                pinned_now += 1
+            status.ref_cnt += 1  # type: ignore[union-attr]
+            loads[key] = loads.get(key, 0) + 1
+        self._pool.num_evictable -= pinned_now
+        self._counters.loads += len(keys)
+        return CPULoadStoreSpec(
+            [s.block_id for s in statuses],  # type: ignore[union-attr]
+            self._generation,
+        )
+
+    def complete_load(self, keys: Iterable[OffloadKey], ctx: ReqContext) -> None:
+        if type(keys) is not list:
+            keys = key_list(keys, "complete_load")
+        record = self.request_record(ctx)
+        loads = record.loads
+        for key in keys:
+            if key not in loads and not record.has_stale_load(key):
+                raise wrong_key_type(key, "complete_load") or ValueError(
+                    f"complete_load: key {describe_key(key)} has no load in flight for "
+                    f"request '{ctx.req_id}'"
+                )
+        get = self._get
+        pool = self._pool
+        counters = self._counters
+        released: list[OffloadKey] = []
+        for key in reversed(keys):  # tail first, so the head ends most recent
+            count = loads.get(key)
+            if count is None:
+                # Prepared before a reset (the pin went with the old cache: its slot comes
+                # back now), or one more completion than loads (ignored).
+                generation = record.stale_load_done(key)
+                if generation is None:
+                    counters.duplicate_completions += 1
+                else:
+                    pool.job_done(generation, key)
+                    counters.stale_completions += 1
+                continue
+            if count == 1:
+                del loads[key]
+            else:
+                loads[key] = count - 1
+            status = get(key)
+            if status is None or status.ref_cnt <= 0:  # cannot happen unless state was corrupted
+                raise RuntimeError(f"complete_load: key {describe_key(key)} is not pinned")
+            status.ref_cnt -= 1
+            if status.ref_cnt == 0:
+                released.append(key)
+        if released:
+            self._policy.mark_evictable_many(released)
+            pool.num_evictable += len(released)
+
+    def touch(self, keys: Iterable[OffloadKey], ctx: ReqContext | None = None) -> None:
+        if type(keys) is not list:
+            keys = key_list(keys, "touch")
+        check_key_types(keys, "touch")
+        if ctx is None:
+            self._check_entry()
+            self._policy.touch(list(keys), None)
+            return
+        self._touch_once(self.request_record(ctx), keys, ctx)
+
+    def prepare_store(
+        self, keys: Iterable[OffloadKey], ctx: ReqContext
+    ) -> PrepareStoreOutput | None:
+        if type(keys) is not list:
+            keys = key_list(keys, "prepare_store")
+        record = self.request_record(ctx)
+        try:
+            offered = set(keys)  # all protected from eviction (built anyway when evicting)
+        except TypeError:
+            check_key_types(keys, "prepare_store")
+            raise
+        if len(offered) != len(keys):  # a repeated key is offered once, at its first place
+            keys = list(dict.fromkeys(keys))
+        get = self._get
+        table = self._table
+        protected_evictable = 0
+        if table is not None and table.keys().isdisjoint(offered):
+            statuses: list[BlockStatus | None] = []  # none stored: the usual case, C-level
+        else:
+            statuses = [get(key) for key in keys]
+        if any(statuses):  # some offered keys are stored already: the slower, rarer path
+            absent = []
+            accessed = []  # absent, or stored and ready (a use); pending ones belong to others
+            for key, status in zip(keys, statuses, strict=True):
+                if status is None:
+                    absent.append(key)
+                    accessed.append(key)
+                elif status.ref_cnt >= 0:
+                    accessed.append(key)
+                    if status.ref_cnt == 0:
+                        protected_evictable += 1
+        else:
+            absent = accessed = list(keys)
+        if absent:
+            check_key_types(absent, "prepare_store")  # the keys that may enter the cache
+        to_store = absent
+        counters = self._counters
+        if absent and self._admission is not None:
+            to_store = self._admission.admit(absent, ctx)
+            counters.admission_rejects += len(absent) - len(to_store)
+
+        pool = self._pool
+        free_list = pool.free
+        num_free = pool.capacity - pool.next_fresh + len(free_list)
+        need = len(to_store) - num_free
+        available = pool.num_evictable - protected_evictable
+        if need > available:
+            if not self._partial_store or num_free + available <= 0:
+                counters.failed_allocations += 1
+                return None
+            to_store = to_store[: num_free + available]
+            need = len(to_store) - num_free
+
+        # One access per request and key, misses included (ghost learning), head first.
+        if self._touch_misses or accessed is not absent:
+            self._touch_once(record, accessed, ctx)
+        if not to_store:
+            return PrepareStoreOutput([], CPULoadStoreSpec([], self._generation), [])
+        evicted_keys: list[OffloadKey] = []
+        if need > 0:
+            victims = self._policy.evict(need, offered)
+            if victims is None:
+                counters.failed_allocations += 1
+                return None
+            victim_keys, victim_statuses = zip(*victims, strict=True)
+            evicted_keys = list(victim_keys)
+            free_list.extend(victim_statuses)  # victims are ready and unpinned: ref_cnt 0
+            pool.num_evictable -= len(victims)
+            counters.evictions += len(victims)
+            if self._enable_events:
+                self._events.append(OffloadingEvent(tuple(evicted_keys), removed=True))
+
+        count = len(to_store)
+        allocated = pool.allocate(count)
+        slots = list(map(_block_id, allocated))
+        self._policy.insert_many(to_store, allocated, ctx)
+        record.stores.update(to_store)
+        pool.num_pending += count
+        counters.stores_prepared += count
+        return PrepareStoreOutput(to_store, CPULoadStoreSpec(slots, self._generation), evicted_keys)
+
+    def complete_store(
+        self, keys: Iterable[OffloadKey], ctx: ReqContext, success: bool = True
+    ) -> None:
+        if type(keys) is not list:
+            keys = key_list(keys, "complete_store")
+        record = self.request_record(ctx)
+        stores = record.stores
+        get = self._get
+        pool = self._pool
+        counters = self._counters
+        in_flight = len(stores)
+        if success and stores.issuperset(keys):
+            stores.difference_update(keys)
+            if in_flight - len(stores) != len(keys):  # a key repeated in the call
+                stores.update(keys)
+        if success and in_flight - len(stores) == len(keys):
+            # The usual case: this request's writes, all in flight in this generation, so all
+            # pending by construction (only the manager changes ref_cnt).
+            completed = list(reversed(keys))  # tail first, so the head ends most recent
+            for status in map(get, completed):
+                status.ref_cnt = 0  # type: ignore[union-attr]
+            self._policy.mark_evictable_many(completed)
+            pool.num_pending -= len(completed)
+            pool.num_evictable += len(completed)
+            counters.stores_completed += len(completed)
+            if completed and self._enable_events:
+                self._events.append(OffloadingEvent(tuple(keys)))
+            return
+        if not stores.issuperset(keys):
+            for key in keys:
+                if key not in stores and not record.has_stale_store(key):
+                    status = get(key)
+                    if status is None or status.ref_cnt < 0:
+                        raise wrong_key_type(key, "complete_store") or ValueError(
+                            f"complete_store: key {describe_key(key)} has no store in flight "
+                            f"for request '{ctx.req_id}'"
+                        )
+        policy = self._policy
+        done: list[OffloadKey] = []
+        for key in reversed(keys):  # tail first, so the head ends most recent
+            if key not in stores:
+                generation = record.stale_store_done(key) if record.stale else None
+                if generation is None:
+                    counters.duplicate_completions += 1
+                else:  # prepared before a reset: its slot comes back now
+                    pool.job_done(generation, key)
+                    counters.stale_completions += 1
+                continue
+            stores.discard(key)
+            status = get(key)
+            if status is None or status.ref_cnt != -1:  # cannot happen unless state was corrupted
+                raise RuntimeError(f"complete_store: key {describe_key(key)} is not being written")
+            if success:
+                status.ref_cnt = 0
+            else:
+                policy.remove(key)
+                pool.release((status,))
+            done.append(key)
+        pool.num_pending -= len(done)
+        if success:
+            policy.mark_evictable_many(done)
+            pool.num_evictable += len(done)
+            counters.stores_completed += len(done)
+            if done and self._enable_events:
+                done.reverse()
+                self._events.append(OffloadingEvent(tuple(done)))
+        else:
+            counters.stores_failed += len(done)
+
+    def on_new_request(self, ctx: ReqContext) -> RequestOffloadingContext:
+        self.request_record(ctx)
+        return RequestOffloadingContext()
+
+    def on_request_finished(self, ctx: ReqContext) -> None:
+        self._check_entry()
+        record = ctx.get_state(RequestRecord)
+        if record is not None:
+            record.touched.clear()
+        self._policy.on_request_finished(ctx)
+
+    def take_events(self) -> list[OffloadingEvent]:
+        self._check_entry()
+        events, self._events = self._events, []
+        return events
+
+    def reset_cache(self) -> None:
+        """Drop every block; the slots of jobs in flight stay held until those jobs complete.
+
+        A load may still be copying a slot to the device and a store may still be writing
+        one: their slots are handed out again only after the job's (stale) completion, or
+        after :meth:`release_stale_slots`.
+        """
+        self._check_entry()
+        pool = self._pool
+        expected = pool.num_pending + pool.num_pinned
+        in_flight: list[BlockStatus] = []
+        by_key: dict[OffloadKey, BlockStatus] | None = None
+        if expected:
+            table = self._table
+            if table is not None:
+                by_key = {}
+                for key, status in table.items():
+                    if status.ref_cnt:
+                        by_key[key] = status
+                        if len(by_key) == expected:
+                            break
+                in_flight = list(by_key.values())
+            else:
+                in_flight = pool.in_flight()
+        self._policy.clear()
+        self._bind_policy()
+        pool.reset(self._generation, in_flight, by_key)
+        self._generation += 1
+        if self._admission is not None:
+            self._admission.reset()
+        self._counters.resets += 1
+        if self._enable_events:
+            self._events.append(OffloadingEvent((), removed=True, reset=True))
+
+    def release_stale_slots(self) -> int:
+        """Every job prepared before the last reset is done (say, the worker was drained):
+        their held slots become free. Returns how many; their late completions are ignored."""
+        self._check_entry()
+        return self._pool.release_held()
+
+    def has_pending_work(self) -> bool:
+        """Whether a store is being written, a load is being read, or a slot is still held
+        for a job prepared before a reset: their completions are still due."""
+        pool = self._pool
+        return bool(pool.num_pending or pool.num_pinned or pool.num_held)
+
+    def get_stats(self) -> OffloadingStats:
+        """Counters and gauges (readable from any thread, and after shutdown)."""
+        c = self._counters
+        pool = self._pool
+        return OffloadingStats(
+            num_blocks=self.num_blocks,
+            stored_blocks=pool.num_stored,
+            pending_blocks=pool.num_pending,
+            pinned_blocks=pool.num_pinned,
+            evictable_blocks=pool.num_evictable,
+            lookups=c.lookups,
+            hits=c.hits,
+            hits_pending=c.hits_pending,
+            misses=c.misses,
+            loads=c.loads,
+            stores_prepared=c.stores_prepared,
+            stores_completed=c.stores_completed,
+            stores_failed=c.stores_failed,
+            admission_rejects=c.admission_rejects,
+            evictions=c.evictions,
+            failed_allocations=c.failed_allocations,
+            stale_completions=c.stale_completions,
+            duplicate_completions=c.duplicate_completions,
+            resets=c.resets,
+            generation=self._generation,
+            policy=dict(self._policy.stats()),
+            held_blocks=pool.num_held,
+        )
+
+    def shutdown(self) -> None:
+        """Stop: every later call except ``get_stats``/``has_pending_work`` raises
+        ``RuntimeError``. Idempotent."""
+        if self._shut_down:
+            return
+        self._shut_down = True
+        self._owner = None
+        self._events.clear()
+        self._table = None
+        self._get = self._shut_down_get
+
+    @property
+    def is_shut_down(self) -> bool:
+        return self._shut_down
+
+
+__all__ = ["CPUOffloadingManager"]
