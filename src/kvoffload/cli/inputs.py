@@ -25,6 +25,7 @@ from kvoffload.sim.capacity import Capacity, parse_capacities
 from kvoffload.sim.plugins import AdmissionFactory
 from kvoffload.sim.records import Trace
 from kvoffload.sim.replay import PolicySpec, ReplayOptions
+from kvoffload.sim.tier_config import TieredCapacity, parse_tiers
 from kvoffload.sim.traces import load_trace
 from kvoffload.sim.workloads import WorkloadConfig, generate_workload
 
@@ -99,9 +100,54 @@ def capacities(args: argparse.Namespace, trace: Trace, default: str) -> list[Cap
     return caps
 
 
+#: Built-ins left out of the default run: ``auto`` replays its candidates' shadows beside its
+#: active policy (several times one policy's cost), so it runs when asked for by name.
+NOT_IN_DEFAULT_RUN = frozenset({"auto"})
+
+
+def default_policy_names() -> list[str]:
+    """The policies a run without ``--policy`` replays: every built-in but the meta-policies."""
+    return [name for name, *_ in BUILTIN_POLICIES if name not in NOT_IN_DEFAULT_RUN]
+
+
+def tier_capacities(args: argparse.Namespace, trace: Trace) -> list[Capacity] | None:
+    """The ``--tiers`` grid columns, or ``None`` without ``--tiers`` (checked against the rest)."""
+    specs = getattr(args, "tiers", None)
+    instances = getattr(args, "instances", 1)
+    if not specs:
+        if instances != 1:
+            raise UserError("--instances needs --tiers (e.g. --tiers cpu=5%,redis=100%)")
+        return None
+    if args.capacity:
+        raise UserError("--tiers gives the CPU capacity itself (cpu=5%); drop --capacity")
+    if args.mode != "prefix":
+        raise UserError("--tiers replays in prefix mode only; drop --mode blocks")
+    if args.overlap:
+        raise UserError("--tiers does not model --overlap yet; drop one of them")
+    try:
+        create_cache_policy(args.tier_policy, 1)
+    except (ValueError, TypeError, ImportError) as exc:
+        raise UserError(f"--tier-policy: {exc}") from None
+    out: list[Capacity] = []
+    for text in specs:
+        try:
+            config = parse_tiers(
+                text,
+                trace.num_unique_blocks,
+                trace.block_tokens,
+                args.bytes_per_token,
+                instances,
+                args.tier_policy,
+            )
+        except (ValueError, TypeError) as exc:
+            raise UserError(str(exc)) from None
+        out.append(TieredCapacity.of(config))
+    return out
+
+
 def policy_names(args: argparse.Namespace) -> list[str]:
     names: list[str] = []
-    for item in args.policy or [",".join(name for name, *_ in BUILTIN_POLICIES)]:
+    for item in args.policy or [",".join(default_policy_names())]:
         for name in item.split(","):
             name = name.strip()
             if name == "all":
@@ -215,5 +261,6 @@ __all__ = [
     "policy_names",
     "policy_params",
     "replay_options",
+    "tier_capacities",
     "workload_config",
 ]
