@@ -336,6 +336,10 @@ class TieringManager(OffloadingManager):
         """One tier's stats (what ``get_stats().tiers[label]`` holds)."""
         return self._tier_stats(self._tiers[index])
 
+    def promotions_in_flight(self) -> int:
+        """Blocks being promoted into the CPU tier (queued or read): they read ``HIT_PENDING``."""
+        return len(self._promoting)
+
     def cpu_slot(self, key: OffloadKey) -> int | None:
         """The CPU slot of a resident key (ready or pending), else ``None``."""
         return self._slots.get(key)
