@@ -63,13 +63,13 @@ def test_replaced_vllm_keys_say_what_to_use() -> None:
     ("extra", "error", "message"),
     [
         ({}, ValueError, "'cpu_bytes_to_use' is required"),
-        ({"cpu_bytes_to_use": 0}, ValueError, "cpu_bytes_to_use' must be >= 1"),
-        ({"cpu_bytes_to_use": "1G"}, TypeError, "cpu_bytes_to_use' must be an int"),
+        ({"cpu_bytes_to_use": 0}, ValueError, "cpu_bytes_to_use must be an int >= 1, got 0"),
+        ({"cpu_bytes_to_use": "1G"}, TypeError, "cpu_bytes_to_use must be an int >= 1, got str"),
         ({"cpu_bytes_to_use": 1, "block_size": 16, "blocks_per_chunk": 1}, ValueError, "only one"),
         (
             {"cpu_bytes_to_use": 1, "blocks_per_chunk": 0},
             ValueError,
-            "blocks_per_chunk' must be >= 1",
+            "blocks_per_chunk must be an int >= 1",
         ),
         ({"cpu_bytes_to_use": 1, "store_threshold": -1}, ValueError, "store_threshold"),
         ({"cpu_bytes_to_use": 1, "enable_kv_cache_events": 1}, TypeError, "true or false"),
