@@ -55,6 +55,7 @@ _COUNTERS = {
     "stale_completions": "Completions of jobs prepared before a reset (ignored).",
     "duplicate_completions": "Repeated completions of already-ready blocks (ignored).",
     "resets": "Calls to reset_cache.",
+    "policy_switches": "Live replacements of the eviction policy (switch_policy).",
 }
 _GAUGES = {
     "num_blocks": "Capacity in blocks.",

@@ -26,7 +26,13 @@ from kvoffload.manager.keyargs import check_key_types, describe_key, key_list, w
 from kvoffload.manager.locked import locked_class
 from kvoffload.manager.pool import SlotPool
 from kvoffload.manager.records import RequestRecord
-from kvoffload.policies import BlockStatus, CachePolicy, create_cache_policy
+from kvoffload.policies import (
+    BlockStatus,
+    CachePolicy,
+    SwitchReport,
+    create_cache_policy,
+    switch_resident_set,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -139,6 +145,59 @@ class CPUOffloadingManager(OffloadingManager):
     def policy(self) -> CachePolicy:
         """The eviction policy instance (read-only access for introspection)."""
         return self._policy
+
+    def switch_policy(
+        self,
+        cache_policy: str | CachePolicy,
+        cache_policy_module_path: str | None = None,
+        **params: Any,
+    ) -> SwitchReport:
+        """Replace the eviction policy on the live cache, dropping no block.
+
+        ``cache_policy`` is a name (with ``params`` for its constructor, as
+        ``cache_policy_params`` at construction) or a fresh, empty ``CachePolicy`` holding
+        ``num_blocks``. The resident set moves into the new policy in the old one's eviction
+        order (:func:`~kvoffload.policies.switching.switch_resident_set`): the block the old
+        policy would have evicted first is the new one's first victim too; pinned and pending
+        blocks stay protected (their completions reach the new policy as usual). The current
+        policy must keep a ``block_table`` (every built-in does). Raises before anything
+        changes when the new policy cannot be built or cannot take the blocks.
+        """
+        self._check_entry()
+        if isinstance(cache_policy, CachePolicy):
+            if params or cache_policy_module_path is not None:
+                raise ValueError("params cannot be used with a policy instance")
+            new = cache_policy
+        elif isinstance(cache_policy, str):
+            new = create_cache_policy(
+                cache_policy, self.num_blocks, cache_policy_module_path, dict(params)
+            )
+        else:
+            raise TypeError(
+                "cache_policy must be a policy name or a CachePolicy instance, got "
+                f"{type(cache_policy).__name__}"
+            )
+        old = self._policy
+        if new is old:
+            raise ValueError("cache_policy is the current policy; pass a fresh one")
+        if old.block_table is None:
+            raise ValueError(
+                f"switch_policy needs the current policy's block_table; {type(old).__name__} "
+                "keeps none, so the stored keys are unknown"
+            )
+        report = switch_resident_set(old, new)
+        self._policy = new
+        self._bind_policy()
+        self._counters.policy_switches += 1
+        logger.info(
+            "kvoffload: switched policy %s -> %s (%d ready, %d pinned, %d pending blocks moved)",
+            type(old).__name__,
+            type(new).__name__,
+            report.evictable,
+            report.pinned,
+            report.pending,
+        )
+        return report
 
     @property
     def generation(self) -> int:
@@ -577,6 +636,7 @@ class CPUOffloadingManager(OffloadingManager):
             stale_completions=c.stale_completions,
             duplicate_completions=c.duplicate_completions,
             resets=c.resets,
+            policy_switches=c.policy_switches,
             generation=self._generation,
             policy=dict(self._policy.stats()),
             held_blocks=pool.num_held,
