@@ -33,6 +33,7 @@ from kvoffload.policies import (
     create_cache_policy,
     switch_resident_set,
 )
+from kvoffload.policies.shadow import CandidateSpec, ShadowEvaluator
 
 logger = logging.getLogger(__name__)
 
@@ -71,6 +72,13 @@ class CPUOffloadingManager(OffloadingManager):
         partial_store: store the longest prefix that fits instead of nothing.
         thread_safe: guard every public method with one lock (the instance's class becomes
             ``locked_class(cls)``); without it, a call from a second thread raises.
+        shadow_policies: candidate policies (names, ``(name, params)`` pairs, or one
+            comma-separated string) to evaluate on the live key stream: each request's keys
+            (once each, where the policy is touched) feed a
+            :class:`~kvoffload.policies.shadow.ShadowEvaluator`, and ``get_stats().policy``
+            carries each candidate's estimate as ``shadow_<name>_hit_ratio``.
+        shadow_sample_rate: share of the key space the shadows sample (SHARDS rate).
+        shadow_min_blocks: raise the rate so each miniature holds at least this many blocks.
 
     For drivers that bypass the public calls for speed (the simulator's blocks mode,
     :func:`kvoffload.sim.drive.access_blocks`) the manager exposes its parts: ``pool``,
@@ -91,6 +99,9 @@ class CPUOffloadingManager(OffloadingManager):
         skip_partial_tail: bool = False,
         partial_store: bool = False,
         thread_safe: bool = False,
+        shadow_policies: str | Sequence[CandidateSpec] | None = None,
+        shadow_sample_rate: float = 0.01,
+        shadow_min_blocks: int = 256,
     ) -> None:
         if isinstance(num_blocks, bool) or not isinstance(num_blocks, int):
             raise TypeError(f"num_blocks must be an int, got {type(num_blocks).__name__}")
@@ -121,6 +132,16 @@ class CPUOffloadingManager(OffloadingManager):
         self._thread_safe = thread_safe
         self._policy = policy
         self._bind_policy()
+        self._shadow: ShadowEvaluator | None = None
+        if shadow_policies is not None:
+            if isinstance(shadow_policies, str):
+                shadow_policies = [n.strip() for n in shadow_policies.split(",") if n.strip()]
+            self._shadow = ShadowEvaluator(
+                num_blocks,
+                shadow_policies,
+                sample_rate=shadow_sample_rate,
+                min_shadow_blocks=shadow_min_blocks,
+            )
         if thread_safe:
             self._lock = threading.RLock()
             self.__class__ = locked_class(type(self))
@@ -198,6 +219,11 @@ class CPUOffloadingManager(OffloadingManager):
             report.pending,
         )
         return report
+
+    @property
+    def shadows(self) -> ShadowEvaluator | None:
+        """The shadow evaluator fed by the live key stream (``shadow_policies``), or None."""
+        return self._shadow
 
     @property
     def generation(self) -> int:
@@ -302,6 +328,8 @@ class CPUOffloadingManager(OffloadingManager):
                     fresh.append(key)
         if fresh:
             self._policy.touch(fresh, ctx)
+            if self._shadow is not None:
+                self._shadow.record(fresh, ctx)
 
     # --------------------------------------------------------------- the API
     def lookup(self, key: OffloadKey, ctx: ReqContext | None = None) -> LookupResult:
@@ -397,6 +425,8 @@ class CPUOffloadingManager(OffloadingManager):
         if ctx is None:
             self._check_entry()
             self._policy.touch(list(keys), None)
+            if self._shadow is not None:
+                self._shadow.record(keys, None)
             return
         self._touch_once(self.request_record(ctx), keys, ctx)
 
@@ -456,6 +486,9 @@ class CPUOffloadingManager(OffloadingManager):
         # One access per request and key, misses included (ghost learning), head first.
         if self._touch_misses or accessed is not absent:
             self._touch_once(record, accessed, ctx)
+        elif self._shadow is not None:  # the policy skips misses; the shadows need them
+            touched = record.touched
+            self._shadow.record([key for key in accessed if key not in touched], ctx)
         if not to_store:
             return PrepareStoreOutput([], CPULoadStoreSpec([], self._generation), [])
         evicted_keys: list[OffloadKey] = []
@@ -560,6 +593,8 @@ class CPUOffloadingManager(OffloadingManager):
         if record is not None:
             record.touched.clear()
         self._policy.on_request_finished(ctx)
+        if self._shadow is not None:
+            self._shadow.request_finished(ctx)
 
     def take_events(self) -> list[OffloadingEvent]:
         self._check_entry()
@@ -638,9 +673,15 @@ class CPUOffloadingManager(OffloadingManager):
             resets=c.resets,
             policy_switches=c.policy_switches,
             generation=self._generation,
-            policy=dict(self._policy.stats()),
+            policy=self._policy_gauges(),
             held_blocks=pool.num_held,
         )
+
+    def _policy_gauges(self) -> dict[str, float]:
+        gauges = dict(self._policy.stats())
+        if self._shadow is not None:
+            gauges.update(self._shadow.stats())
+        return gauges
 
     def shutdown(self) -> None:
         """Stop: every later call except ``get_stats``/``has_pending_work`` raises
