@@ -26,6 +26,7 @@ from kvoffload.manager.keyargs import check_key_types, describe_key, key_list, w
 from kvoffload.manager.locked import locked_class
 from kvoffload.manager.pool import SlotPool
 from kvoffload.manager.records import RequestRecord
+from kvoffload.manager.state import decode_manager_state, encode_manager_state
 from kvoffload.policies import (
     BlockStatus,
     CachePolicy,
@@ -219,6 +220,41 @@ class CPUOffloadingManager(OffloadingManager):
             report.pending,
         )
         return report
+
+    # ----------------------------------------------------------------- warm restarts
+    def export_state(self) -> bytes:
+        """The cache's state for a warm restart (:meth:`from_state`): the policy's whole
+        state (order, frequencies, ghosts, and the stored keys with their slots) as JSON.
+
+        Jobs in flight, counters, admission offer counts and shadows are not in it (see
+        :mod:`kvoffload.manager.state`); the current policy must keep a ``block_table``.
+        """
+        self._check_entry()
+        return encode_manager_state(self.num_blocks, self._policy)
+
+    @classmethod
+    def from_state(cls, data: bytes | str, **options: Any) -> CPUOffloadingManager:
+        """A manager that resumes the cache :meth:`export_state` saved: the same blocks in the
+        same slots, and a policy that makes the same decisions as the saved one would have.
+
+        ``options`` are the constructor's other arguments (``enable_events``, ``admission``,
+        ``thread_safe``, ``shadow_policies``, ...); the capacity and the policy come from
+        ``data``. Blocks that were being written are dropped; pins are released.
+        """
+        for name in (
+            "num_blocks",
+            "cache_policy",
+            "cache_policy_module_path",
+            "cache_policy_params",
+        ):
+            if name in options:
+                raise TypeError(f"from_state: {name} comes from the saved state, not an option")
+        num_blocks, policy, statuses = decode_manager_state(data)
+        manager = cls(num_blocks, cache_policy=policy, **options)
+        table = policy.block_table
+        stored = [status.block_id for status in table.values()] if table is not None else []
+        manager._pool.restore(statuses, stored)
+        return manager
 
     @property
     def shadows(self) -> ShadowEvaluator | None:
