@@ -84,11 +84,8 @@ class PrimaryViewSlots:
 def check_tier_config(tier_cls: type, config: dict[str, Any], *, owner: str) -> None:
     """Reject keys ``tier_cls`` does not accept, with a did-you-mean (vLLM passes them as-is)."""
     params = inspect.signature(tier_cls.__init__).parameters
-    accepted = [
-        n
-        for n, p in params.items()
-        if n not in ("self", "memory") and p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)
-    ]
+    accepted = [n for n, p in params.items() if n not in ("self", "memory") and p.kind in (
+        p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)]
     for key in config:
         if key not in accepted:
             close = difflib.get_close_matches(key, accepted, n=1)
@@ -189,23 +186,13 @@ class _KVOffloadSecondaryTier(SecondaryTierManager):
         self._count(result)
         if result.kind is JobKind.PUT and ok_keys:
             self._events.append(
-                OffloadingEvent(
-                    keys=ok_keys,
-                    medium=self.medium or Medium.STORAGE,
-                    removed=False,
-                    locality=self.locality,
-                    ownership=self.tier_type,
-                )
+                OffloadingEvent(keys=ok_keys, medium=self.medium or Medium.STORAGE,
+                                removed=False, locality=self.locality, ownership=self.tier_type)
             )
         if result.evicted:
             self._events.append(
-                OffloadingEvent(
-                    keys=list(result.evicted),
-                    medium=self.medium or Medium.STORAGE,
-                    removed=True,
-                    locality=self.locality,
-                    ownership=self.tier_type,
-                )
+                OffloadingEvent(keys=list(result.evicted), medium=self.medium or Medium.STORAGE,
+                                removed=True, locality=self.locality, ownership=self.tier_type)
             )
         successful: Collection[OffloadKey] | None = None
         if job.is_promotion and not result.all_ok:
@@ -249,9 +236,7 @@ class _KVOffloadSecondaryTier(SecondaryTierManager):
         while not self.tier.drain(self.drain_round_s):
             logger.error(
                 "%s: %d job(s) still in flight after %.0f s of drain_jobs (health: %s)",
-                type(self).__name__,
-                len(self._jobs),
-                time.monotonic() - started,
+                type(self).__name__, len(self._jobs), time.monotonic() - started,
                 self.tier.health(),
             )
 

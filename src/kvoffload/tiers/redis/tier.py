@@ -328,13 +328,8 @@ class RedisTier(Tier):
             backoff = self._backoff.get(node, self.backoff_s)
             self._down_until[node] = time.monotonic() + backoff
             self._backoff[node] = min(backoff * 2, self.max_backoff_s)
-        logger.warning(
-            "redis tier %s: %s unavailable (%s); backing off for %.2f s",
-            self._redacted(),
-            node or "server",
-            exc,
-            backoff,
-        )
+        logger.warning("redis tier %s: %s unavailable (%s); backing off for %.2f s",
+                       self._redacted(), node or "server", exc, backoff)
 
     def _note_success(self, node: str | None = None) -> None:
         if node in self._down_until:
@@ -397,7 +392,9 @@ class RedisTier(Tier):
                     continue  # no verdict: the key reads MISS until asked again
                 self._remember(key, Presence.HIT if answer else Presence.MISS, now)
 
-    def _pipelined(self, names: Sequence[bytes], add: Callable[[Any, bytes], object]) -> list[Any]:
+    def _pipelined(
+        self, names: Sequence[bytes], add: Callable[[Any, bytes], object]
+    ) -> list[Any]:
         """One answer per name (an exception object for a failed command), never raising.
 
         On a cluster the commands are grouped by node and each node gets its own pipeline, so
@@ -585,7 +582,9 @@ class RedisTier(Tier):
                 name: self.codec.encode(keys[i], self.memory.slot_view(slots[i]))
                 for name, i in zip(names, piece, strict=True)
             }
-            answers = self._pipelined(names, functools.partial(_set_absent, records=records, px=px))
+            answers = self._pipelined(
+                names, functools.partial(_set_absent, records=records, px=px)
+            )
             now = time.monotonic()
             with self._lock:
                 for i, answer in zip(piece, answers, strict=True):
