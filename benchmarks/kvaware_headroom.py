@@ -77,16 +77,21 @@ class OracleLRU(LRUCachePolicy):
         super().touch(keys, req_context)
 
     def evict(self, n: int, protected: Collection[OffloadKey]) -> Victims | None:
-        candidates = [k for k in self._evictable if k not in protected]
+        candidates = [k for k in self.eviction_order() if k not in protected]
         if len(candidates) < n:
             return None
         now, horizon = self.future.now, self.horizon
         dead = [k for k in candidates if self.future.next_use(k) - now > horizon]
         dead_set = set(dead)
         chosen = (dead + [k for k in candidates if k not in dead_set])[:n]
+        victims: Victims = []
         for key in chosen:
-            del self._evictable[key]
-        return [(key, self._blocks.pop(key)) for key in chosen]
+            status = self.get(key)
+            if status is None:
+                raise RuntimeError(f"evictable key {key!r} is not stored")
+            victims.append((key, status))
+            self.remove(key)  # LRU keeps no history: removing is evicting
+        return victims
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -65,3 +65,10 @@ def test_readme_says_how_to_get_torch_cpu_and_the_trace() -> None:
     text = (REPO_ROOT / "README.md").read_text()
     assert "--index-url https://download.pytorch.org/whl/cpu" in text
     assert "KVOFFLOAD_TRACE" in text
+
+
+def test_readme_tiers_example_runs() -> None:
+    """Blocks pushed out of the CPU tier come back from the disk tier, byte-checked."""
+    namespace: dict[str, object] = {}
+    exec(compile(_block_with("TieringManager"), "README.md", "exec"), namespace)
+    assert namespace["hits"] == 4

@@ -14,6 +14,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
+from kvoffload._checks import check_int
 from kvoffload.context import ReqContext
 from kvoffload.keys import OffloadKey
 
@@ -42,14 +43,8 @@ class StoreAfterNOffers:
     """
 
     def __init__(self, threshold: int = 2, max_tracker_size: int = 64000) -> None:
-        if isinstance(threshold, bool) or not isinstance(threshold, int) or threshold < 1:
-            raise ValueError(f"store_threshold must be an int >= 1, got {threshold!r}")
-        if isinstance(max_tracker_size, bool) or not isinstance(max_tracker_size, int):
-            raise ValueError(f"max_tracker_size must be an int, got {max_tracker_size!r}")
-        if max_tracker_size < 1:
-            raise ValueError(f"max_tracker_size must be >= 1, got {max_tracker_size}")
-        self.threshold = threshold
-        self.max_tracker_size = max_tracker_size
+        self.threshold = check_int("store_threshold", threshold, 1)
+        self.max_tracker_size = check_int("max_tracker_size", max_tracker_size, 1)
         self._counts: OrderedDict[OffloadKey, int] = OrderedDict()
 
     def admit(self, keys: Sequence[OffloadKey], ctx: ReqContext | None) -> list[OffloadKey]:
@@ -126,6 +121,11 @@ class AdmissionChain:
             f.reset()
 
 
+def check_store_threshold(value: object) -> int:
+    """The manager's and the config's ``store_threshold``: the same check, the same error."""
+    return check_int("store_threshold", value, 0, why=" (0 or 1 = store everything)")
+
+
 def build_admission(
     admission: AdmissionFilter | Sequence[AdmissionFilter] | None,
     store_threshold: int,
@@ -136,13 +136,7 @@ def build_admission(
     filters: list[AdmissionFilter] = []
     if skip_partial_tail:
         filters.append(SkipPartialTail())
-    if isinstance(store_threshold, bool) or not isinstance(store_threshold, int):
-        raise ValueError(f"store_threshold must be an int, got {store_threshold!r}")
-    if store_threshold < 0:
-        raise ValueError(
-            f"store_threshold must be >= 0 (0 or 1 = store everything), got {store_threshold}"
-        )
-    if store_threshold >= 2:
+    if check_store_threshold(store_threshold) >= 2:
         filters.append(StoreAfterNOffers(store_threshold, max_tracker_size))
     if admission is not None:
         if isinstance(admission, (list, tuple)):
@@ -164,4 +158,5 @@ __all__ = [
     "SkipPartialTail",
     "StoreAfterNOffers",
     "build_admission",
+    "check_store_threshold",
 ]

@@ -23,6 +23,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
+from kvoffload._checks import check_int
+from kvoffload.admission import check_store_threshold
 from kvoffload.layout import KVCacheLayout, slots_for_budget
 from kvoffload.manager import CPUOffloadingManager, OffloadingManager
 from kvoffload.registry import Registry
@@ -45,10 +47,7 @@ _REPLACED_KEYS = {
 def _check_int(name: str, value: Any, minimum: int, optional: bool = False) -> None:
     if value is None and optional:
         return
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"config '{name}' must be an int, got {type(value).__name__} {value!r}")
-    if value < minimum:
-        raise ValueError(f"config '{name}' must be >= {minimum}, got {value}")
+    check_int(name, value, minimum, or_none=optional)  # the constructors' check and message
 
 
 def _check_bool(name: str, value: Any, optional: bool = False) -> None:
@@ -128,7 +127,7 @@ class OffloadingConfig:
                 f"{type(self.cache_policy_params).__name__}"
             )
         object.__setattr__(self, "cache_policy_params", dict(self.cache_policy_params))
-        _check_int("store_threshold", self.store_threshold, 0)
+        check_store_threshold(self.store_threshold)
         _check_int("max_tracker_size", self.max_tracker_size, 1)
         _check_str("spec_name", self.spec_name)
         _check_str("spec_module_path", self.spec_module_path, optional=True)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import random
-import threading
 from collections.abc import Callable, Iterator
 from types import ModuleType
 from typing import Any
@@ -15,6 +14,7 @@ from kvoffload.keys import OffloadKey
 from kvoffload.manager import CPUOffloadingManager, LookupResult
 from kvoffload.policies.base import BlockStatus, CachePolicy
 from kvoffload.testing import drive_single_blocks, int_key
+from kvoffload.testing import libcachesim as testing_libcachesim
 
 TRACE_FRACTIONS = (0.01, 0.05, 0.10, 0.25)
 
@@ -27,29 +27,14 @@ def import_libcachesim() -> ModuleType:
 
 def libcachesim_hits(cache: Any, block_ids: list[int]) -> int:
     """Replay ``block_ids`` through a libCacheSim cache of unit-size objects; count hits."""
-    lcs = import_libcachesim()
-    req = lcs.Request()
-    req.obj_size = 1
-    req.op = lcs.ReqOp.OP_READ
-    hits = 0
-    for i, block_id in enumerate(block_ids):
-        req.obj_id = block_id
-        req.clock_time = i
-        hits += bool(cache.get(req))
-    return hits
+    import_libcachesim()
+    return testing_libcachesim.libcachesim_hits(cache, block_ids)
 
 
 def libcachesim_hits_in_fresh_thread(make_cache: Callable[[], Any], block_ids: list[int]) -> int:
     """Same, in a new thread: libCacheSim's RNG is thread-local and seeded at thread start."""
-    result: list[int] = []
-
-    def replay() -> None:
-        result.append(libcachesim_hits(make_cache(), block_ids))
-
-    thread = threading.Thread(target=replay)
-    thread.start()
-    thread.join()
-    return result[0]
+    import_libcachesim()
+    return testing_libcachesim.libcachesim_hits_in_fresh_thread(make_cache, block_ids)
 
 
 def assert_same_hits_on_random_sequences(

@@ -119,3 +119,57 @@ def test_hashes_are_the_same_in_every_process() -> None:
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
     )
     assert out.stdout.strip() == str(FrequencySketch.key_hashes(keys))
+
+
+def test_memory_follows_use() -> None:
+    """No doorkeeper or rows allocated up front for a huge cache (was 1 GB at 10**7 blocks)."""
+    import tracemalloc
+
+    from kvoffload.policies.wtinylfu import WTinyLFUCachePolicy
+
+    tracemalloc.start()
+    try:
+        WTinyLFUCachePolicy(10**7)
+        FrequencySketch(512, sample_size=10**9)  # was a 4 GiB doorkeeper (and 4.4 GB RSS)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 * 2**20, peak
+
+
+def test_sparse_and_dense_sketches_count_alike(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A sparse sketch (large ones start so) holds the same counters as a dense one, before
+    and after it fills up and turns dense, through agings."""
+    import kvoffload.policies.frequency_sketch as fs
+
+    rng = random.Random(4)
+    keys = [int_key(rng.randrange(3000)) for _ in range(30000)]
+    dense = FrequencySketch(4096, sample_size=9000)
+    monkeypatch.setattr(fs, "DENSE_BYTES", 0)
+    sparse = FrequencySketch(4096, sample_size=9000)
+    assert sparse._sparse and not dense._sparse
+    probe = keys[:200] + [int_key(10**6 + i) for i in range(50)]
+    turned_dense = False
+    for start in range(0, len(keys), 500):
+        for sketch in (dense, sparse):
+            sketch.increment_keys(keys[start : start + 500])
+        assert [sparse.estimate(k) for k in probe] == [dense.estimate(k) for k in probe]
+        turned_dense = turned_dense or not sparse._sparse
+        if start == 1000:
+            sparse.age(), dense.age()
+    assert turned_dense
+    assert sparse._rows == dense._rows and sparse._door == dense._door
+
+
+def test_wtinylfu_decides_alike_with_a_sparse_sketch(monkeypatch: pytest.MonkeyPatch) -> None:
+    import kvoffload.policies.frequency_sketch as fs
+    from kvoffload.policies.wtinylfu import WTinyLFUCachePolicy
+    from kvoffload.testing import drive_single_blocks
+
+    rng = random.Random(5)
+    ids = [int(rng.paretovariate(0.8)) % 5000 for _ in range(20000)]
+    dense_hits = drive_single_blocks(WTinyLFUCachePolicy(300), ids)
+    monkeypatch.setattr(fs, "DENSE_BYTES", 0)
+    policy = WTinyLFUCachePolicy(300)
+    assert policy._sketch._sparse
+    assert drive_single_blocks(policy, ids) == dense_hits

@@ -173,7 +173,7 @@ def _learning_state(policy: KVAwareCachePolicy) -> tuple[Any, ...]:
     return (
         [x.hex() for x in map(float, floats)],
         policy._since_decay,
-        dict(policy._blocks),
+        dict(policy._meta),
         [list(order) for order in policy._orders],
         list(policy._ghosts.items()),
     )
@@ -285,7 +285,7 @@ def _reference_victims(
     import heapq
     import math
 
-    now, horizon, blocks = policy._now, policy._horizon(), policy._blocks
+    now, horizon, blocks = policy._now, policy._horizon(), policy._meta
     params: dict[int, tuple[float, float, float]] = {}
 
     def score(cls: int, key: OffloadKey) -> float:
@@ -365,7 +365,7 @@ def test_evict_chooses_and_forgets_as_one_candidate_at_a_time(
         n = max(len(policy.block_table) + len(new) - capacity, rng.randint(0, 3))
         expected = _reference_victims(policy, n, protected)
         orders = [list(order) for order in policy._orders]
-        metas = dict(policy._blocks)
+        metas = dict(policy._meta)
         ghosts = list(policy._ghosts.items())
         victims = policy.evict(n, protected)
         if expected is None:
@@ -380,7 +380,7 @@ def test_evict_chooses_and_forgets_as_one_candidate_at_a_time(
             [key for key in order if key not in gone] for order in orders
         ]
         assert gone.isdisjoint(policy.block_table)
-        assert gone.isdisjoint(policy._blocks)
+        assert gone.isdisjoint(policy._meta)
         ghosts += [(key, metas[key]) for key in expected]
         assert list(policy._ghosts.items()) == ghosts[max(0, len(ghosts) - policy.ghost_capacity) :]
         _store_and_finish(policy, new, ctx, rng, ready_share=0.0)

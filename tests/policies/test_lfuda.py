@@ -35,20 +35,9 @@ from kvoffload.testing import check_policy_conformance, drive_single_blocks, int
 
 _REPLAY_IN_CHILD = """
 import json, sys
-import libcachesim as lcs
-results = []
-for capacity, block_ids in json.load(sys.stdin):
-    cache = lcs.LFUDA(capacity, hashpower=16)
-    req = lcs.Request()
-    req.obj_size = 1
-    req.op = lcs.ReqOp.OP_READ
-    hits = 0
-    for i, block_id in enumerate(block_ids):
-        req.obj_id = block_id
-        req.clock_time = i
-        hits += bool(cache.get(req))
-    results.append(hits)
-json.dump(results, sys.stdout)
+from kvoffload.testing.libcachesim import libcachesim_hits, make_cache
+cases = json.load(sys.stdin)
+json.dump([libcachesim_hits(make_cache("LFUDA", c, 16), ids) for c, ids in cases], sys.stdout)
 """
 
 

@@ -67,14 +67,20 @@ def test_registered_by_name() -> None:
     assert policy.default_priority == 50
 
 
-@pytest.mark.parametrize("bad", [-1, 101, 35.0, True, "35", None])
+@pytest.mark.parametrize("bad", [-1, 101])
 def test_bad_default_priority_is_a_value_error(bad: object) -> None:
     with pytest.raises(ValueError, match="default_priority"):
         RetentionCachePolicy(4, default_priority=bad)  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("bad", [35.0, True, "35", None])
+def test_default_priority_of_a_wrong_type_is_a_type_error(bad: object) -> None:
+    with pytest.raises(TypeError, match="default_priority"):
+        RetentionCachePolicy(4, default_priority=bad)  # type: ignore[arg-type]
+
+
 def test_clock_must_be_callable() -> None:
-    with pytest.raises(ValueError, match="clock"):
+    with pytest.raises(TypeError, match="clock"):
         RetentionCachePolicy(4, clock=3.0)  # type: ignore[arg-type]
 
 
@@ -89,14 +95,15 @@ def test_clock_must_be_callable() -> None:
         (50, "soon", "priority_duration_s"),
     ],
 )
-def test_bad_request_hints_are_value_errors(
+def test_bad_request_hints_are_type_or_value_errors(
     priority: object, duration: object, message: str
 ) -> None:
     policy = RetentionCachePolicy(4)
     ctx = _ctx(priority, duration)  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match=message):
+    error = TypeError if isinstance(priority, bool) or isinstance(duration, str) else ValueError
+    with pytest.raises(error, match=message):
         policy.insert(int_key(1), BlockStatus(0, -1), ctx)
-    with pytest.raises(ValueError, match="request 'r'"):
+    with pytest.raises(error, match="request 'r'"):
         policy.touch([int_key(1)], ctx)
 
 

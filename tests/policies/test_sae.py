@@ -99,8 +99,10 @@ def test_registered_by_name() -> None:
         ("ghost_capacity", 1.5),
     ],
 )
-def test_bad_parameters_are_value_errors(name: str, value: object) -> None:
-    with pytest.raises(ValueError, match=name):
+def test_bad_parameters_are_type_or_value_errors(name: str, value: object) -> None:
+    ints = ("decay_interval", "ghost_capacity")
+    wrong_type = isinstance(value, (str, bool)) or (name in ints and isinstance(value, float))
+    with pytest.raises(TypeError if wrong_type else ValueError, match=name):
         SAECachePolicy(8, **{name: value})  # type: ignore[arg-type]
 
 

@@ -7,6 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from conftest import require_shared_trace
+from kvoffload.testing.libcachesim import libcachesim_hits as replay_libcachesim
+from kvoffload.testing.libcachesim import make_cache
 
 SYNTHETIC_UNIQUE_BLOCKS = 43924
 
@@ -17,27 +19,10 @@ def shared_trace_path() -> Path:
 
 
 def libcachesim_hits(lcs: Any, class_name: str, capacity: int, seq: list[int]) -> int:
-    """Hits of libCacheSim's ``class_name`` on ``seq`` (one unit-size object per block).
-
-    Belady needs ``next_access_vtime`` (the next position of the same id, INT64_MAX if none).
-    """
-    cache = getattr(lcs, class_name)(cache_size=capacity, hashpower=20)
-    req = lcs.Request()
-    req.obj_size = 1
-    req.op = lcs.ReqOp.OP_READ
-    next_use = [0] * len(seq)
-    if class_name == "Belady":
-        last: dict[int, int] = {}
-        for i in range(len(seq) - 1, -1, -1):
-            next_use[i] = last.get(seq[i], 2**63 - 1)
-            last[seq[i]] = i
-    hits = 0
-    for i, oid in enumerate(seq):
-        req.obj_id = oid
-        req.clock_time = i
-        req.next_access_vtime = next_use[i]
-        hits += bool(cache.get(req))
-    return hits
+    """Hits of libCacheSim's ``class_name`` on ``seq`` (one unit-size object per block);
+    Belady gets each request's next use."""
+    cache = make_cache(class_name, capacity, hashpower=20)
+    return replay_libcachesim(cache, seq, with_next_use=class_name == "Belady")
 
 
 def write_jsonl(path: Path, records: list[Any]) -> Path:

@@ -126,10 +126,11 @@ def test_every_builtin_policy_gets_its_own_look() -> None:
     from kvoffload.policies import BUILTIN_POLICIES
     from kvoffload.sim.report.plot import policy_style
 
-    looks = [tuple(sorted(policy_style(i).items())) for i in range(len(BUILTIN_POLICIES))]
-    assert len(set(looks)) == len(looks) == 18
-    pairs = [(policy_style(i)["marker"], policy_style(i)["linestyle"]) for i in range(18)]
-    assert len(set(pairs)) == 18  # distinguishable even without colour
+    n = len(BUILTIN_POLICIES)
+    looks = [tuple(sorted(policy_style(i).items())) for i in range(n)]
+    assert len(set(looks)) == len(looks) == n
+    pairs = [(policy_style(i)["marker"], policy_style(i)["linestyle"]) for i in range(n)]
+    assert len(set(pairs)) == n  # distinguishable even without colour
 
 
 def test_belady_is_visible_and_named_when_it_equals_opt(

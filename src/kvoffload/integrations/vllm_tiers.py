@@ -5,7 +5,10 @@ vLLM 0.33 cascades KV from its CPU tier to secondary tiers and loads an out-of-t
 those classes: each wraps one of our :class:`~kvoffload.tiers.Tier` s behind vLLM's
 ``SecondaryTierManager`` contract::
 
-    "secondary_tiers": [{"type": "KVOffloadRedisTier",
+    "secondary_tiers": [{"type": "KVOffloadDiskTier",
+                         "module_path": "kvoffload.integrations.vllm_tiers",
+                         "root_dir": "/nvme/kv", "capacity_bytes": 500 * 2**30},
+                        {"type": "KVOffloadRedisTier",
                          "module_path": "kvoffload.integrations.vllm_tiers",
                          "url": "redis://user:password@host:6379/0"}]
 
@@ -17,11 +20,18 @@ Mapping of the contract (vLLM's words on the left):
 * ``submit_store`` / ``submit_load`` -> ``Tier.submit_put`` / ``submit_get`` on vLLM's primary
   chunk ids, read from and written into vLLM's primary memory view (no copy of our own).
 * ``get_finished_jobs`` -> ``Tier.poll``: each job exactly once; a partly failed promotion
-  names its successful keys, so vLLM keeps those and frees the rest (a failed key is a miss
-  for the next lookup, never a livelock: vLLM #49176).
+  names its successful keys, so vLLM keeps those and frees the rest. A key whose load failed
+  is a MISS for ``failed_load_ttl_s`` even if the medium still lists it (a transient read
+  error), so vLLM never promotes it again and again (the livelock of vLLM #49176).
 * ``drain_jobs`` -> ``Tier.drain`` in bounded rounds (in-flight copies are never aborted).
-* ``take_events`` -> vLLM ``OffloadingEvent`` s for stored and evicted records;
-  ``get_stats`` -> the tier's counters under vLLM's tiering metric names.
+* ``take_events`` -> vLLM ``OffloadingEvent`` s for stored and evicted records, only when
+  vLLM's KV events are on and the tier's ``enable_kv_events`` is set (as for vLLM's fs tier:
+  otherwise nobody drains them).
+* ``build_metric_definitions`` / ``get_stats`` -> our tier's counters and gauges as
+  ``vllm:kv_offload_kvoffload_<disk|redis>_*`` metrics (label ``store``; never ``tier``, which
+  vLLM adds itself), counters as increments since the previous call, as vLLM expects.
+  vLLM's manager already counts bytes, times, queries and hits per tier from our job
+  results (``vllm:kv_offload_tiering_*``), so those are not repeated.
 
 Importing this module needs vLLM; our tiers do not.
 """
@@ -31,15 +41,25 @@ from __future__ import annotations
 import difflib
 import inspect
 import logging
+import os
 import time
 from collections.abc import Collection, Iterable
+from dataclasses import dataclass
 from typing import Any, ClassVar
+from urllib.parse import urlsplit
 
+from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import (
+    OffloadingConnectorStats,
+)
 from vllm.v1.kv_offload.base import (
+    ConfigInfoMapping,
     Locality,
     LookupResult,
     Medium,
+    OffloadingCounterMetadata,
     OffloadingEvent,
+    OffloadingGaugeMetadata,
+    OffloadingMetricMetadata,
     ReqContext,
     RequestOffloadingContext,
 )
@@ -50,7 +70,13 @@ from kvoffload.tiers.base import JobKind, Presence, Tier, TierResult
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["KVOffloadRedisTier", "PrimaryViewSlots", "check_tier_config"]
+__all__ = [
+    "KVOffloadDiskTier",
+    "KVOffloadRedisTier",
+    "PrimaryViewSlots",
+    "TierMetric",
+    "check_tier_config",
+]
 
 
 class PrimaryViewSlots:
@@ -80,12 +106,21 @@ class PrimaryViewSlots:
         start = slot * self._slot_bytes
         return self._flat[start : start + self._slot_bytes]
 
+    def release(self) -> None:
+        """Drop our export of vLLM's buffer, so vLLM can unmap it at shutdown."""
+        self._flat.release()
 
-def check_tier_config(tier_cls: type, config: dict[str, Any], *, owner: str) -> None:
-    """Reject keys ``tier_cls`` does not accept, with a did-you-mean (vLLM passes them as-is)."""
+
+def check_tier_config(
+    tier_cls: type, config: dict[str, Any], *, owner: str, extra: Iterable[str] = ()
+) -> None:
+    """Reject keys ``tier_cls`` does not accept, with a did-you-mean (vLLM passes them as-is).
+
+    ``extra`` adds names the adapter itself takes (vLLM-style aliases, its own keys).
+    """
     params = inspect.signature(tier_cls.__init__).parameters
-    accepted = [n for n, p in params.items() if n not in ("self", "memory") and p.kind in (
-        p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    accepted = [*extra] + [n for n, p in params.items() if n not in ("self", "memory") and (
+        p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD))]
     for key in config:
         if key not in accepted:
             close = difflib.get_close_matches(key, accepted, n=1)
@@ -95,13 +130,47 @@ def check_tier_config(tier_cls: type, config: dict[str, Any], *, owner: str) -> 
             )
 
 
+@dataclass(frozen=True)
+class TierMetric:
+    """One of our tier's ``stats()`` entries as a vLLM metric.
+
+    ``stat`` is the stats key, or a prefix ending in ``_`` whose keys (``dropped_no_space``,
+    ...) become one metric with a ``reason`` label. Counters are reported as the increase
+    since the previous ``get_stats`` (vLLM sums them); gauges as the current value.
+    """
+
+    stat: str
+    suffix: str
+    kind: str  # "counter" or "gauge"
+    documentation: str
+
+    @property
+    def by_reason(self) -> bool:
+        return self.stat.endswith("_")
+
+
+#: Most keys remembered as "last load failed" (each a MISS until its ``failed_load_ttl_s``).
+_MAX_FAILED_LOADS = 65536
+
+#: The label our metrics carry to tell two tiers of one kind apart (vLLM adds ``tier``).
+STORE_LABEL = "store"
+
+
 class _KVOffloadSecondaryTier(SecondaryTierManager):
     """Common adapter: one of our tiers behind vLLM's ``SecondaryTierManager``."""
 
     #: Our tier class, built with the primary view and the tier's own config keys.
     tier_class: ClassVar[type[Tier]]
-    #: Keys of vLLM's tier config that belong to vLLM (not passed to our tier).
-    _VLLM_KEYS: ClassVar[frozenset[str]] = frozenset({"locality"})
+    #: ``disk`` / ``redis``: the middle of our metric names.
+    metric_kind: ClassVar[str] = "tier"
+    #: Our stats that become vLLM metrics.
+    metrics: ClassVar[tuple[TierMetric, ...]] = ()
+    #: Keys of vLLM's tier config that belong to the adapter (not passed to our tier).
+    _ADAPTER_KEYS: ClassVar[frozenset[str]] = frozenset(
+        {"locality", "enable_kv_events", "failed_load_ttl_s"}
+    )
+    #: vLLM-style aliases of our tier's parameters (vLLM's name -> ours).
+    _ALIASES: ClassVar[dict[str, str]] = {}
     drain_round_s: ClassVar[float] = 30.0
 
     def __init__(
@@ -118,16 +187,55 @@ class _KVOffloadSecondaryTier(SecondaryTierManager):
             tier_type=tier_type,
             backpressure_detector=backpressure_detector,
         )
-        ours = {k: v for k, v in config.items() if k not in self._VLLM_KEYS}
-        ours = self._translate(ours, offloading_spec)
-        check_tier_config(self.tier_class, ours, owner=type(self).__name__)
+        enable_kv_events = config.get("enable_kv_events", False)
+        if not isinstance(enable_kv_events, bool):
+            raise TypeError(
+                f"{type(self).__name__}: enable_kv_events must be a bool, "
+                f"got {type(enable_kv_events).__name__}"
+            )
+        events_cfg = getattr(offloading_spec, "kv_events_config", None)
+        # vLLM drains take_events() only when its KV events are on: collect nothing otherwise
+        self._emit_events = enable_kv_events and bool(
+            getattr(events_cfg, "enable_kv_cache_events", False)
+        )
+        ttl = config.get("failed_load_ttl_s", 5.0)
+        if isinstance(ttl, bool) or not isinstance(ttl, (int, float)):
+            raise TypeError(
+                f"{type(self).__name__}: failed_load_ttl_s must be a number of seconds, "
+                f"got {type(ttl).__name__}"
+            )
+        if ttl < 0:
+            raise ValueError(f"{type(self).__name__}: failed_load_ttl_s must be >= 0, got {ttl}")
+        self.failed_load_ttl_s = float(ttl)
+        ours = {k: v for k, v in config.items() if k not in self._ADAPTER_KEYS}
+        check_tier_config(
+            self.tier_class, ours, owner=type(self).__name__,
+            extra=[*self._ALIASES, *sorted(self._ADAPTER_KEYS - {"locality"})],
+        )
+        ours = self._translate(self._unalias(ours), offloading_spec)
         self.tier: Tier = self.tier_class(PrimaryViewSlots(primary_kv_view), **ours)
         self._jobs: dict[int, tuple[int, TransferJob]] = {}  # our job id -> (vLLM id, job)
         self._events: list[OffloadingEvent] = []
-        self._counters: dict[str, float] = {}
+        self._failed_loads: dict[OffloadKey, float] = {}  # key -> monotonic expiry
+        self._reported: dict[tuple[str, str], float] = {}  # counters as last reported
+
+    @classmethod
+    def _unalias(cls, config: dict[str, Any]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        given: dict[str, str] = {}
+        for key, value in config.items():
+            ours = cls._ALIASES.get(key, key)
+            if ours in out:
+                raise ValueError(
+                    f"{cls.__name__}: {given[ours]!r} and {key!r} name the same setting; "
+                    "give one"
+                )
+            out[ours] = value
+            given[ours] = key
+        return out
 
     def _translate(self, config: dict[str, Any], spec: Any) -> dict[str, Any]:
-        """vLLM-style keys -> our tier's parameters (subclasses add aliases and defaults)."""
+        """vLLM-style keys -> our tier's parameters (subclasses add defaults)."""
         return config
 
     @staticmethod
@@ -152,6 +260,12 @@ class _KVOffloadSecondaryTier(SecondaryTierManager):
     # -- vLLM's contract ----------------------------------------------------------------
 
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
+        if self._failed_loads:
+            expiry = self._failed_loads.get(key)
+            if expiry is not None:
+                if time.monotonic() < expiry:
+                    return LookupResult.MISS  # its last load failed: do not promote it again
+                del self._failed_loads[key]
         presence = self.tier.contains([key])[0]
         if presence is Presence.HIT:
             return LookupResult.HIT
@@ -183,17 +297,15 @@ class _KVOffloadSecondaryTier(SecondaryTierManager):
 
     def _job_result(self, vllm_id: int, job: TransferJob, result: TierResult) -> JobResult:
         ok_keys = [k for k, ok in zip(result.keys, result.ok, strict=True) if ok]
-        self._count(result)
-        if result.kind is JobKind.PUT and ok_keys:
-            self._events.append(
-                OffloadingEvent(keys=ok_keys, medium=self.medium or Medium.STORAGE,
-                                removed=False, locality=self.locality, ownership=self.tier_type)
-            )
-        if result.evicted:
-            self._events.append(
-                OffloadingEvent(keys=list(result.evicted), medium=self.medium or Medium.STORAGE,
-                                removed=True, locality=self.locality, ownership=self.tier_type)
-            )
+        if result.kind is JobKind.GET and not result.all_ok and self.failed_load_ttl_s > 0:
+            now = time.monotonic()
+            for key, ok in zip(result.keys, result.ok, strict=True):
+                if not ok:
+                    self._failed_loads.pop(key, None)  # re-insert: the dict stays expiry-ordered
+                    self._failed_loads[key] = now + self.failed_load_ttl_s
+            self._prune_failed_loads(now)
+        if self._emit_events:
+            self._add_events(result, ok_keys)
         successful: Collection[OffloadKey] | None = None
         if job.is_promotion and not result.all_ok:
             successful = ok_keys
@@ -205,15 +317,27 @@ class _KVOffloadSecondaryTier(SecondaryTierManager):
             transfer_bytes=result.nbytes,
         )
 
-    def _count(self, result: TierResult) -> None:
-        c = self._counters
-        prefix = "write" if result.kind is JobKind.PUT else "read"
-        c[f"{prefix}_bytes"] = c.get(f"{prefix}_bytes", 0.0) + result.nbytes
-        c[f"{prefix}_time"] = c.get(f"{prefix}_time", 0.0) + result.seconds
-        if not result.all_ok:
-            put = result.kind is JobKind.PUT
-            name = "cascade_job_failures" if put else "promotion_job_failures"
-            c[name] = c.get(name, 0.0) + 1
+    def _prune_failed_loads(self, now: float) -> None:
+        """Drop expired verdicts (oldest first) and keep at most ``_MAX_FAILED_LOADS``."""
+        failed = self._failed_loads
+        while failed:
+            key, expiry = next(iter(failed.items()))
+            if expiry > now and len(failed) <= _MAX_FAILED_LOADS:
+                break
+            del failed[key]
+
+    def _add_events(self, result: TierResult, ok_keys: list[OffloadKey]) -> None:
+        medium = self.medium or Medium.STORAGE
+        if result.kind is JobKind.PUT and ok_keys:
+            self._events.append(
+                OffloadingEvent(keys=ok_keys, medium=medium, removed=False,
+                                locality=self.locality, ownership=self.tier_type)
+            )
+        if result.evicted:
+            self._events.append(
+                OffloadingEvent(keys=list(result.evicted), medium=medium, removed=True,
+                                locality=self.locality, ownership=self.tier_type)
+            )
 
     def has_pending_work(self) -> bool:
         return bool(self._jobs)
@@ -240,14 +364,148 @@ class _KVOffloadSecondaryTier(SecondaryTierManager):
                 self.tier.health(),
             )
 
-    def get_stats(self) -> dict[str, float]:
-        """Our tier's counters plus vLLM-named totals (``write_bytes``, ``read_time``, ...)."""
-        out = {f"kvoffload_{k}": v for k, v in self.tier.stats().items()}
-        out.update(self._counters)
+    # -- metrics ------------------------------------------------------------------------
+
+    @classmethod
+    def metric_name(cls, metric: TierMetric) -> str:
+        return f"vllm:kv_offload_kvoffload_{cls.metric_kind}_{metric.suffix}"
+
+    @classmethod
+    def build_metric_definitions(
+        cls, extra_config: dict[str, Any]
+    ) -> dict[str, OffloadingMetricMetadata]:
+        out: dict[str, OffloadingMetricMetadata] = {}
+        for metric in cls.metrics:
+            labels = (STORE_LABEL, "reason") if metric.by_reason else (STORE_LABEL,)
+            meta_cls = OffloadingCounterMetadata if metric.kind == "counter" else (
+                OffloadingGaugeMetadata)
+            out[cls.metric_name(metric)] = meta_cls(
+                documentation=metric.documentation, labelnames=labels
+            )
         return out
+
+    def store_label(self) -> str:
+        """Tells two tiers of one kind apart in metrics (a path, a server; no secrets)."""
+        return self.tier_type
+
+    def get_stats(self) -> OffloadingConnectorStats | None:
+        """Our tier's counters (increase since the last call) and gauges, as vLLM metrics."""
+        stats = self.tier.stats()
+        out = OffloadingConnectorStats()
+        store = self.store_label()
+        for metric in self.metrics:
+            name = self.metric_name(metric)
+            if metric.by_reason:
+                found = [(k[len(metric.stat):], v) for k, v in stats.items()
+                         if k.startswith(metric.stat)]
+            else:
+                found = [("", stats[metric.stat])] if metric.stat in stats else []
+            for reason, value in found:
+                labels = (store, reason) if metric.by_reason else (store,)
+                if metric.kind == "gauge":
+                    out.set_gauge(name, float(value), labels)
+                    continue
+                last = self._reported.get((name, reason), 0.0)
+                if value > last:
+                    out.increase_counter(name, float(value) - last, labels)
+                self._reported[(name, reason)] = float(value)
+        return None if out.is_empty() else out
 
     def shutdown(self) -> None:
         self.tier.close()
+        memory = self.tier.memory
+        if isinstance(memory, PrimaryViewSlots):
+            try:
+                memory.release()
+            except BufferError:  # a view is still held somewhere: vLLM keeps the map
+                logger.warning("%s: vLLM's primary buffer is still in use", type(self).__name__)
+
+
+def _disk_tier_class() -> type[Tier]:
+    from kvoffload.tiers.disk import DiskTier
+
+    return DiskTier
+
+
+_COMMON_GAUGES = (
+    TierMetric("inflight_jobs", "inflight_jobs", "gauge", "Jobs submitted and not yet done."),
+)
+
+
+class KVOffloadDiskTier(_KVOffloadSecondaryTier):
+    """Our bounded, checksummed, restartable disk tier as a vLLM secondary tier (STORAGE).
+
+    Config keys follow vLLM's fs tier where they overlap: ``root_dir`` (our ``path``),
+    ``capacity_bytes`` (required: the tier never holds more), ``eviction_policy`` (our
+    ``policy``: any kvoffload policy name, default ``lru``) and ``cache_policy_module_path``
+    (``policy_module_path``). Every other :class:`~kvoffload.tiers.disk.DiskTier` parameter
+    is accepted by its name (``durability``, ``min_free_bytes``, ``io_threads``,
+    ``checksum``, ``verify_on_scan``, ``policy_params``, ``namespace``); ``namespace`` defaults
+    to a fingerprint of vLLM's model, dtype, block geometry and (unless the layout is
+    parallelism-agnostic) TP/PP rank, so engines of other models never read these records.
+    Adapter keys: ``enable_kv_events`` (vLLM's, default False), ``failed_load_ttl_s``.
+    """
+
+    medium: ClassVar[Medium | None] = Medium.STORAGE
+    tier_class: ClassVar[type[Tier]] = _disk_tier_class()
+    metric_kind: ClassVar[str] = "disk"
+    _ALIASES: ClassVar[dict[str, str]] = {
+        "root_dir": "path",
+        "eviction_policy": "policy",
+        "cache_policy_module_path": "policy_module_path",
+    }
+    metrics: ClassVar[tuple[TierMetric, ...]] = (
+        TierMetric("used_bytes", "used_bytes", "gauge", "Bytes of records on disk."),
+        TierMetric("capacity_bytes", "capacity_bytes", "gauge", "The configured byte budget."),
+        TierMetric("effective_capacity_bytes", "effective_capacity_bytes", "gauge",
+                   "The budget after the free-space floor (min_free_bytes)."),
+        TierMetric("records", "records", "gauge", "Records stored."),
+        *_COMMON_GAUGES,
+        TierMetric("stored", "records_written", "counter", "Records written."),
+        TierMetric("evictions", "evictions", "counter",
+                   "Records evicted by the tier's policy to stay within its budget."),
+        TierMetric("corrupt_records", "corrupt_records", "counter",
+                   "Records whose checksum, key or namespace did not match on read "
+                   "(served as a miss and erased)."),
+        TierMetric("torn_records", "torn_records", "counter",
+                   "Torn or foreign records found and erased by the start-up scan."),
+        TierMetric("scanned_records", "restart_records", "counter",
+                   "Records found by the start-up scan (served after a restart)."),
+        TierMetric("erase_errors", "erase_errors", "counter", "Failed erasures of records."),
+        TierMetric("dropped_", "stores_dropped", "counter",
+                   "Records not stored, by reason (no_space, io_error, in_flight, ...)."),
+        TierMetric("get_failed_", "loads_failed", "counter",
+                   "Records not loaded, by reason (missing, corrupt, io_error, ...)."),
+    )
+
+    def _translate(self, config: dict[str, Any], spec: Any) -> dict[str, Any]:
+        config = dict(config)
+        missing = [k for k, ours in (("root_dir", "path"), ("capacity_bytes", "capacity_bytes"))
+                   if ours not in config]
+        if missing:
+            raise ValueError(
+                f"{type(self).__name__}: missing config key(s) {', '.join(map(repr, missing))} "
+                "(root_dir: the directory; capacity_bytes: the most bytes the tier may use)"
+            )
+        config.setdefault("namespace", self.default_namespace(spec))
+        policy = config.get("policy", "lru")
+        self._info = {
+            "kvoffload_capacity_bytes": config["capacity_bytes"],
+            "kvoffload_eviction_policy": policy if isinstance(policy, str) else repr(policy),
+            "kvoffload_durability": str(config.get("durability", "rename")),
+        }
+        self._root = os.fspath(config["path"])
+        return config
+
+    def store_label(self) -> str:
+        return self._root
+
+    @classmethod
+    def config_info_keys(cls, tier_config: dict[str, Any]) -> tuple[str, ...]:
+        return ("kvoffload_capacity_bytes", "kvoffload_eviction_policy", "kvoffload_durability")
+
+    def config_info(self) -> ConfigInfoMapping:
+        return dict(self._info)
 
 
 def _redis_tier_class() -> type[Tier]:
@@ -266,6 +524,27 @@ class KVOffloadRedisTier(_KVOffloadSecondaryTier):
 
     medium: ClassVar[Medium | None] = None  # neither host nor local disk: "external"
     tier_class: ClassVar[type[Tier]] = _redis_tier_class()
+    metric_kind: ClassVar[str] = "redis"
+    metrics: ClassVar[tuple[TierMetric, ...]] = (
+        *_COMMON_GAUGES,
+        TierMetric("inflight_bytes", "inflight_bytes", "gauge", "Bytes of jobs in flight."),
+        TierMetric("available", "available", "gauge",
+                   "1 while the server is reachable, 0 while the tier backs off."),
+        TierMetric("verdict_cache_entries", "verdict_cache_entries", "gauge",
+                   "Cached answers to existence checks."),
+        TierMetric("records_written", "records_written", "counter", "Records written."),
+        TierMetric("records_existing", "records_existing", "counter",
+                   "Stores skipped: the record was already on the server."),
+        TierMetric("records_deleted_bad", "records_deleted_bad", "counter",
+                   "Corrupt or foreign records found on read and deleted."),
+        TierMetric("connection_errors", "connection_errors", "counter",
+                   "Failed server operations (each starts a back-off)."),
+        TierMetric("lookup_errors", "lookup_errors", "counter", "Failed existence checks."),
+        TierMetric("rejected_", "records_rejected", "counter",
+                   "Records read and rejected, by reason (checksum, namespace, ...)."),
+        TierMetric("failed_", "keys_failed", "counter",
+                   "Keys of jobs that failed, by reason."),
+    )
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -274,4 +553,17 @@ class KVOffloadRedisTier(_KVOffloadSecondaryTier):
     def _translate(self, config: dict[str, Any], spec: Any) -> dict[str, Any]:
         config = dict(config)
         config.setdefault("namespace", self.default_namespace(spec))
+        url = config.get("url", "redis://127.0.0.1:6379/0")
+        self._server = _server_of(url) if isinstance(url, str) else self.tier_type
         return config
+
+    def store_label(self) -> str:
+        return self._server
+
+
+def _server_of(url: str) -> str:
+    """``scheme://host:port/db`` of a Redis URL, without its user name or password."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    port = f":{parts.port}" if parts.port else ""
+    return f"{parts.scheme}://{host}{port}{parts.path}"

@@ -45,17 +45,6 @@ _block_id = operator.attrgetter("block_id")
 _BIND_LOCK = threading.Lock()
 
 
-def _touches_misses(policy: CachePolicy) -> bool:
-    """Whether the manager must touch keys that are not stored (see ``touches_misses``).
-
-    A subclass that overrides ``touch`` below the class that declared it needless gets them.
-    """
-    if policy.touches_misses:
-        return True
-    owner = next(c for c in type(policy).__mro__ if "touches_misses" in vars(c))
-    return type(policy).touch is not getattr(owner, "touch", None)
-
-
 class CPUOffloadingManager(OffloadingManager):
     """Bookkeeping of a fixed pool of CPU slots with a pluggable eviction policy.
 
@@ -161,7 +150,7 @@ class CPUOffloadingManager(OffloadingManager):
         self._get: Callable[[OffloadKey], BlockStatus | None] = (
             table.get if table is not None else policy.get
         )
-        self._touch_misses = _touches_misses(policy)
+        self._touch_misses = policy.touches_misses  # exact: CachePolicy.__init_subclass__
 
     @property
     def policy(self) -> CachePolicy:

@@ -26,7 +26,7 @@ from itertools import islice
 
 from kvoffload.context import ReqContext
 from kvoffload.keys import OffloadKey
-from kvoffload.policies.base import BlockStatus, CachePolicy, Victims
+from kvoffload.policies.base import BlockStatus, CachePolicy, Victims, already_stored
 from kvoffload.policies.victims import (
     append_absent,
     next_unprotected,
@@ -42,7 +42,6 @@ class ARCCachePolicy(CachePolicy):
 
     def __init__(self, cache_capacity: int) -> None:
         super().__init__(cache_capacity)
-        self._blocks: dict[OffloadKey, BlockStatus] = {}  # T1 and T2
         self._t2: set[OffloadKey] = set()  # T1 = stored keys not in T2
         self._t1_order: OrderedDict[OffloadKey, None] = OrderedDict()  # evictable, LRU first
         self._t2_order: OrderedDict[OffloadKey, None] = OrderedDict()
@@ -55,16 +54,11 @@ class ARCCachePolicy(CachePolicy):
         """The adaptive target ``p`` for |T1|."""
         return self._p
 
-    def get(self, key: OffloadKey) -> BlockStatus | None:
-        return self._blocks.get(key)
-
-    @property
-    def block_table(self) -> Mapping[OffloadKey, BlockStatus]:
-        return self._blocks
-
     def insert(
         self, key: OffloadKey, block: BlockStatus, req_context: ReqContext | None = None
     ) -> None:
+        if key in self._blocks:
+            raise already_stored(key)
         self._insert_one(key, block)
         self._trim_ghosts()
 
@@ -74,9 +68,7 @@ class ARCCachePolicy(CachePolicy):
         blocks: Sequence[BlockStatus],
         req_context: ReqContext | None = None,
     ) -> None:
-        if type(self).insert is not ARCCachePolicy.insert:  # a subclass hooks insert: honour it
-            super().insert_many(keys, blocks, req_context)
-            return
+        self._require_absent(keys)
         b1, b2 = self._b1, self._b2
         if (b1 and not b1.keys().isdisjoint(keys)) or (b2 and not b2.keys().isdisjoint(keys)):
             # A ghost hit in the batch: trimming between inserts may drop a later key's ghost,
@@ -272,9 +264,6 @@ class ARCCachePolicy(CachePolicy):
             order.move_to_end(key)
 
     def mark_evictable_many(self, keys: Sequence[OffloadKey]) -> None:
-        if type(self).mark_evictable is not ARCCachePolicy.mark_evictable:  # a subclass hook
-            super().mark_evictable_many(keys)
-            return
         blocks, t2 = self._blocks, self._t2
         t1_order, t2_order = self._t1_order, self._t2_order
         if (

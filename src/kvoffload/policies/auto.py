@@ -34,11 +34,11 @@ import math
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from kvoffload._checks import check_int, check_number
 from kvoffload.context import ReqContext
 from kvoffload.keys import OffloadKey
-from kvoffload.policies.base import BlockStatus, CachePolicy, Victims
+from kvoffload.policies.base import BlockStatus, CachePolicy, Victims, already_stored
 from kvoffload.policies.factory import create_cache_policy
-from kvoffload.policies.params import check_int, check_number
 from kvoffload.policies.shadow import CandidateSpec, ShadowEvaluator, split_candidate
 from kvoffload.policies.switching import switch_resident_set
 
@@ -120,7 +120,6 @@ class AutoCachePolicy(CachePolicy):
             cache_capacity, specs, sample_rate, min_shadow_blocks, window, decay
         )
         self.candidate_names: tuple[str, ...] = tuple(self._shadows.names)
-        self._table: dict[OffloadKey, BlockStatus] = {}
         self._last_timestamp: float | None = None  # the clock a switch hands the new policy
         self._switches: list[PolicySwitch] = []
         self._reset_choice()
@@ -196,7 +195,7 @@ class AutoCachePolicy(CachePolicy):
         old_index, old = self._active_index, self._active
         new = self._build(index)
         ctx = ReqContext(req_id="auto-switch", timestamp=self._last_timestamp)
-        report = switch_resident_set(old, new, resident_keys=self._table, req_context=ctx)
+        report = switch_resident_set(old, new, resident_keys=self._blocks, req_context=ctx)
         self._active, self._active_index = new, index
         if index in self._left:  # coming back to a candidate left before: wait longer next time
             self._dwell = max(1, self._dwell) * 2
@@ -222,17 +221,12 @@ class AutoCachePolicy(CachePolicy):
         )
 
     # ------------------------------------------------------------ contract
-    def get(self, key: OffloadKey) -> BlockStatus | None:
-        return self._table.get(key)
-
-    @property
-    def block_table(self) -> Mapping[OffloadKey, BlockStatus]:
-        return self._table
-
     def insert(
         self, key: OffloadKey, block: BlockStatus, req_context: ReqContext | None = None
     ) -> None:
-        self._table[key] = block
+        if key in self._blocks:
+            raise already_stored(key)
+        self._blocks[key] = block
         self._active.insert(key, block, req_context)
 
     def insert_many(
@@ -241,14 +235,12 @@ class AutoCachePolicy(CachePolicy):
         blocks: Sequence[BlockStatus],
         req_context: ReqContext | None = None,
     ) -> None:
-        if type(self).insert is not AutoCachePolicy.insert:  # a subclass hooks insert
-            super().insert_many(keys, blocks, req_context)
-            return
-        self._table.update(zip(keys, blocks, strict=True))
+        self._require_absent(keys)
+        self._blocks.update(zip(keys, blocks, strict=True))
         self._active.insert_many(keys, blocks, req_context)
 
     def remove(self, key: OffloadKey) -> None:
-        if self._table.pop(key, None) is not None:
+        if self._blocks.pop(key, None) is not None:
             self._active.remove(key)
 
     def touch(self, keys: Iterable[OffloadKey], req_context: ReqContext | None = None) -> None:
@@ -264,7 +256,7 @@ class AutoCachePolicy(CachePolicy):
     def evict(self, n: int, protected: Collection[OffloadKey]) -> Victims | None:
         victims = self._active.evict(n, protected)
         if victims:
-            table = self._table
+            table = self._blocks
             for key, _ in victims:
                 del table[key]
         return victims
@@ -273,9 +265,6 @@ class AutoCachePolicy(CachePolicy):
         self._active.mark_evictable(key)
 
     def mark_evictable_many(self, keys: Sequence[OffloadKey]) -> None:
-        if type(self).mark_evictable is not AutoCachePolicy.mark_evictable:  # a subclass hook
-            super().mark_evictable_many(keys)
-            return
         self._active.mark_evictable_many(keys)
 
     def mark_non_evictable(self, key: OffloadKey) -> None:
@@ -286,14 +275,14 @@ class AutoCachePolicy(CachePolicy):
         self._shadows.request_finished(req_context)
 
     def clear(self) -> None:
-        self._table.clear()
+        self._blocks.clear()
         self._shadows.clear()
         self._switches.clear()
         self._reset_choice()
 
     def stats(self) -> Mapping[str, float]:
         out: dict[str, float] = {
-            "blocks": float(len(self._table)),
+            "blocks": float(len(self._blocks)),
             "active_index": float(self._active_index),
             "switches": float(len(self._switches)),
         }

@@ -59,11 +59,31 @@ class BlockStatus:
 Victims = list[tuple[OffloadKey, BlockStatus]]
 
 
+def already_stored(key: OffloadKey) -> ValueError:
+    """The one error for inserting a key that is stored (or given twice in one batch)."""
+    return ValueError(f"insert: key {key!r} is already stored (or given twice); remove it first")
+
+
+#: Single-key calls and the batched call that must go through them when a subclass overrides
+#: the single one alone (see :meth:`CachePolicy.__init_subclass__`).
+_BATCHED_BY_SINGLE = (("insert", "insert_many"), ("mark_evictable", "mark_evictable_many"))
+
+
 class CachePolicy(ABC):
     """Owns the stored blocks' table and decides which ones to evict.
 
+    The table is the base's: ``self._blocks`` (key -> status, every stored block, pending and
+    pinned included) is the one dict a subclass adds to in ``insert`` and removes from in
+    ``evict`` / ``remove`` / ``clear``; :meth:`get`, :attr:`block_table`, ``len()`` and ``in``
+    read it, so every policy gets the manager's direct-lookup fast path. A subclass keeps only
+    its replacement order.
+
     Subclasses take their tunables as keyword arguments after ``cache_capacity`` (the manager
-    passes ``cache_policy_params`` through) and validate them with clear ``ValueError``\\ s.
+    passes ``cache_policy_params`` through) and check them with :mod:`kvoffload._checks`
+    (``TypeError`` for a wrong type, ``ValueError`` for a wrong value).
+
+    Inserting a key that is already stored is a caller's bug: it raises ``ValueError`` (see
+    :meth:`_require_absent`) before anything changes.
     """
 
     #: Short registry name, set on built-ins (informational; the registry is authoritative).
@@ -71,8 +91,29 @@ class CachePolicy(ABC):
 
     #: Whether ``touch`` on keys that are not stored means anything to this policy (ghost
     #: learning). A policy that ignores them sets it to ``False``, and a manager may then skip
-    #: touching a store's keys when none of them is stored.
+    #: touching a store's keys when none of them is stored. A subclass that overrides ``touch``
+    #: without setting it again gets ``True`` (its ``touch`` may learn from misses).
     touches_misses: ClassVar[bool] = True
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        """The one batching rule: a batched call always honours the class's single calls.
+
+        A class that overrides ``insert`` (or ``mark_evictable``) but not ``insert_many``
+        (``mark_evictable_many``) gets the base loop over its single call back, so an
+        ancestor's batched fast path never skips the subclass's hook. One that overrides
+        ``touch`` but not ``touches_misses`` gets ``touches_misses = True``; one that
+        overrides ``get`` but not ``block_table`` gets no table view (the manager then calls
+        its ``get``).
+        """
+        super().__init_subclass__(**kwargs)
+        own = vars(cls)
+        for single, batched in _BATCHED_BY_SINGLE:
+            if single in own and batched not in own:
+                setattr(cls, batched, getattr(CachePolicy, batched))
+        if "touch" in own and "touches_misses" not in own:
+            cls.touches_misses = True
+        if "get" in own and "block_table" not in own:
+            cls.block_table = vars(CachePolicy)["_no_table"]  # type: ignore[method-assign]
 
     def __init__(self, cache_capacity: int) -> None:
         if isinstance(cache_capacity, bool) or not isinstance(cache_capacity, int):
@@ -80,13 +121,56 @@ class CachePolicy(ABC):
         if cache_capacity < 0:
             raise ValueError(f"cache_capacity must be >= 0, got {cache_capacity}")
         self.cache_capacity = cache_capacity
+        #: Every stored block (see the class docstring); subclasses maintain it.
+        self._blocks: dict[OffloadKey, BlockStatus] = {}
 
-    @abstractmethod
     def get(self, key: OffloadKey) -> BlockStatus | None:
         """Return ``key``'s status, or ``None`` if it is not stored.
 
         Pure: no recency, frequency, ghost or any other state may change.
         """
+        return self._blocks.get(key)
+
+    @property
+    def block_table(self) -> Mapping[OffloadKey, BlockStatus] | None:
+        """Read-only view of every stored block (the base's table).
+
+        When it is not ``None`` the manager reads statuses from it directly (a C-level
+        lookup) instead of calling :meth:`get`; it always agrees with ``get``.
+        """
+        return self._blocks
+
+    @property
+    def _no_table(self) -> Mapping[OffloadKey, BlockStatus] | None:
+        """``block_table`` of a class that keeps its own ``get``: no view, use ``get``."""
+        return None
+
+    def __len__(self) -> int:
+        """The number of stored blocks."""
+        return len(self._blocks)
+
+    def __contains__(self, key: object) -> bool:
+        """Whether ``key`` is stored (pure, like :meth:`get`)."""
+        return key in self._blocks
+
+    def _require_absent(self, keys: Sequence[OffloadKey]) -> None:
+        """Raise ``ValueError`` if any of ``keys`` is stored or given twice (nothing changes).
+
+        The one double-insert error: inserting a stored key would leave two slots for one
+        key (the manager's slot count and the policy's disagree) and corrupt the policy's
+        segment sizes, so every built-in refuses it the same way.
+        """
+        blocks = self._blocks
+        if len(keys) == 1:
+            if keys[0] in blocks:
+                raise already_stored(keys[0])
+            return
+        if not blocks.keys().isdisjoint(keys) or len(set(keys)) < len(keys):
+            seen: set[OffloadKey] = set()
+            for key in keys:
+                if key in blocks or key in seen:
+                    raise already_stored(key)
+                seen.add(key)
 
     @abstractmethod
     def insert(
@@ -94,7 +178,8 @@ class CachePolicy(ABC):
     ) -> None:
         """Add a block that is not stored yet (normally ``ref_cnt == -1``: being written).
 
-        A block inserted with ``ref_cnt == 0`` is evictable at once.
+        A block inserted with ``ref_cnt == 0`` is evictable at once. A key that is already
+        stored raises ``ValueError`` and changes nothing.
         """
 
     @abstractmethod
@@ -130,7 +215,11 @@ class CachePolicy(ABC):
         blocks: Sequence[BlockStatus],
         req_context: ReqContext | None = None,
     ) -> None:
-        """``insert`` each key with its block, in order (override to batch the work)."""
+        """``insert`` each key with its block, in order (override to batch the work).
+
+        A key already stored, or given twice, raises ``ValueError`` before anything changes.
+        """
+        self._require_absent(keys)
         for key, block in zip(keys, blocks, strict=True):
             self.insert(key, block, req_context)
 
@@ -148,18 +237,9 @@ class CachePolicy(ABC):
     def on_request_finished(self, req_context: ReqContext) -> None:  # noqa: B027 - optional hook
         """Hook: the request will make no more store or load calls (completions may follow)."""
 
-    @property
-    def block_table(self) -> Mapping[OffloadKey, BlockStatus] | None:
-        """Read-only view of every stored block, if the policy keeps one dict of them.
-
-        Optional: when it is not ``None`` the manager reads statuses from it directly
-        (a C-level lookup) instead of calling :meth:`get`. It must always agree with ``get``.
-        """
-        return None
-
     def stats(self) -> Mapping[str, float]:
         """Policy-specific gauges (e.g. ARC's target and ghost sizes); empty by default."""
         return {}
 
 
-__all__ = ["BlockStatus", "CachePolicy", "Victims"]
+__all__ = ["BlockStatus", "CachePolicy", "Victims", "already_stored"]

@@ -22,10 +22,10 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Collection, Iterable, Mapping
 
+from kvoffload._checks import check_int
 from kvoffload.context import ReqContext
 from kvoffload.keys import OffloadKey
-from kvoffload.policies.base import BlockStatus, CachePolicy, Victims
-from kvoffload.policies.params import check_int
+from kvoffload.policies.base import BlockStatus, CachePolicy, Victims, already_stored
 
 _MAX_COUNTER_BITS = 16
 
@@ -40,17 +40,15 @@ class ClockCachePolicy(CachePolicy):
         self.n_bit_counter = check_int("n_bit_counter", n_bit_counter, 1, _MAX_COUNTER_BITS)
         self.max_freq = (1 << self.n_bit_counter) - 1
         self.init_freq = check_int("init_freq", init_freq, 0, self.max_freq)
-        self._blocks: dict[OffloadKey, BlockStatus] = {}
         # The ring as a queue: the front is under the hand. Holds pinned/pending blocks too.
         self._ring: OrderedDict[OffloadKey, int] = OrderedDict()  # key -> use counter
         self._evictable: set[OffloadKey] = set()
 
-    def get(self, key: OffloadKey) -> BlockStatus | None:
-        return self._blocks.get(key)
-
     def insert(
         self, key: OffloadKey, block: BlockStatus, req_context: ReqContext | None = None
     ) -> None:
+        if key in self._blocks:
+            raise already_stored(key)
         self._blocks[key] = block
         self._ring[key] = self.init_freq
         if block.ref_cnt == 0:

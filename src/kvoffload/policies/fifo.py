@@ -11,12 +11,11 @@ libCacheSim's ``FIFO`` decisions.
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Collection, Iterable, Mapping
 
 from kvoffload.context import ReqContext
 from kvoffload.keys import OffloadKey
-from kvoffload.policies.base import BlockStatus, CachePolicy, Victims
+from kvoffload.policies.base import BlockStatus, CachePolicy, Victims, already_stored
 
 
 class FIFOCachePolicy(CachePolicy):
@@ -26,22 +25,20 @@ class FIFOCachePolicy(CachePolicy):
 
     def __init__(self, cache_capacity: int) -> None:
         super().__init__(cache_capacity)
-        # Every stored block (pinned and pending included), oldest first.
-        self._queue: OrderedDict[OffloadKey, BlockStatus] = OrderedDict()
+        # self._blocks (the base's table, a dict) keeps insertion order: oldest first.
         self._evictable: set[OffloadKey] = set()
-
-    def get(self, key: OffloadKey) -> BlockStatus | None:
-        return self._queue.get(key)
 
     def insert(
         self, key: OffloadKey, block: BlockStatus, req_context: ReqContext | None = None
     ) -> None:
-        self._queue[key] = block
+        if key in self._blocks:
+            raise already_stored(key)
+        self._blocks[key] = block
         if block.ref_cnt == 0:
             self._evictable.add(key)
 
     def remove(self, key: OffloadKey) -> None:
-        if self._queue.pop(key, None) is not None:
+        if self._blocks.pop(key, None) is not None:
             self._evictable.discard(key)
 
     def touch(self, keys: Iterable[OffloadKey], req_context: ReqContext | None = None) -> None:
@@ -54,7 +51,7 @@ class FIFOCachePolicy(CachePolicy):
         if n > len(evictable) - len(evictable.intersection(protected)):
             return None
         chosen: list[OffloadKey] = []
-        for key in self._queue:
+        for key in self._blocks:
             if key in evictable and key not in protected:
                 chosen.append(key)
                 if len(chosen) == n:
@@ -62,19 +59,19 @@ class FIFOCachePolicy(CachePolicy):
         victims: Victims = []
         for key in chosen:
             evictable.remove(key)
-            victims.append((key, self._queue.pop(key)))
+            victims.append((key, self._blocks.pop(key)))
         return victims
 
     def clear(self) -> None:
-        self._queue.clear()
+        self._blocks.clear()
         self._evictable.clear()
 
     def mark_evictable(self, key: OffloadKey) -> None:
-        if key in self._queue:
+        if key in self._blocks:
             self._evictable.add(key)
 
     def mark_non_evictable(self, key: OffloadKey) -> None:
         self._evictable.discard(key)
 
     def stats(self) -> Mapping[str, float]:
-        return {"blocks": len(self._queue), "evictable": len(self._evictable)}
+        return {"blocks": len(self._blocks), "evictable": len(self._evictable)}

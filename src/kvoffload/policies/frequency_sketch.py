@@ -8,6 +8,12 @@ counters; after ``sample_size`` recorded uses every counter is halved and the do
 cleared, so old popularity fades (Einziger, Friedman & Manes, ACM TOS 2017). For speed in pure
 Python the doorkeeper holds each of its bits in a byte (8 to 16 bytes per use in a sample).
 
+Memory follows use: a row or doorkeeper larger than ``DENSE_BYTES`` starts sparse (a dict of
+the places that are not 0, indexed like the array) and becomes a byte array once it
+fills past 1/64, so a 10**7-block cache allocates nothing like its 1 GB doorkeeper up front.
+Both forms hold the same counters at the same places: estimates, and so decisions, are
+identical.
+
 Hashing is the key's CRC-32 (every byte counts, the group index included) spread by
 multiply-shift: multiplied by a fixed odd 288-bit constant (2**288 divided by the golden
 ratio), whose disjoint 32-bit windows above the product's 32nd bit (each a function of the
@@ -32,6 +38,24 @@ _INC = [*range(1, MAX_COUNT + 1), MAX_COUNT]  # saturating increment of a counte
 _MIX = ((isqrt(5 << 576) - (1 << 288)) >> 1) | 1  # floor(2**288 / golden ratio), made odd
 _FIELD = 32  # bits per window: row and doorkeeper sizes are at most 2**32
 _MAX_SIZE = 1 << _FIELD
+#: Rows and doorkeepers up to this many bytes are byte arrays from the start.
+DENSE_BYTES = 1 << 20
+_FILL = 64  # a sparse row / doorkeeper becomes dense past 1/_FILL of its size in entries
+
+
+class _Sparse(dict[int, int]):
+    """A row or doorkeeper held as {place: value} for the places that are not 0: indexed
+    like the byte array it stands for (a missing place reads 0 and is not added)."""
+
+    def __missing__(self, key: int) -> int:
+        return 0
+
+
+def _dense(sparse: _Sparse, size: int) -> bytearray:
+    out = bytearray(size)
+    for place, value in sparse.items():
+        out[place] = value
+    return out
 
 
 def _power_of_two_at_least(n: int) -> int:
@@ -52,6 +76,7 @@ class FrequencySketch:
         "_door_mask",
         "_mask",
         "_rows",
+        "_sparse",
         "_width",
         "additions",
         "doorkeeper",
@@ -63,14 +88,14 @@ class FrequencySketch:
             raise ValueError(f"sample_size must be >= 1, got {sample_size}")
         self._width = _power_of_two_at_least(max(16, expected_keys))
         self._mask = self._width - 1
-        self._rows = tuple(bytearray(self._width) for _ in range(DEPTH))
         self.doorkeeper = doorkeeper
         # About 8 bits per use in a sample: a few % false positives with 3 hashes. Each bit is
         # held in a byte of its own (0 or 1): 8 times the memory of packed bits, but testing
         # or setting one is a single indexing operation.
         door_bits = _power_of_two_at_least(max(64, 8 * sample_size)) if doorkeeper else 8
-        self._door = bytearray(door_bits)
         self._door_mask = door_bits - 1
+        self._rows: tuple[Any, ...] = self._new_rows()
+        self._door: Any = self._new_door()
         self.sample_size = sample_size
         self.additions = 0  # recorded uses in the current sample period
 
@@ -93,7 +118,7 @@ class FrequencySketch:
         """:meth:`estimate` for a key whose :meth:`key_hash` is ``key_hash``."""
         row0, row1, row2, row3 = self._rows
         mask = self._mask
-        count = min(
+        count: int = min(
             row0[key_hash >> 96 & mask],
             row1[key_hash >> 128 & mask],
             row2[key_hash >> 160 & mask],
@@ -173,18 +198,46 @@ class FrequencySketch:
             row2[cell] = inc[row2[cell]]
             cell = h >> 192 & mask
             row3[cell] = inc[row3[cell]]
+        if self._sparse:
+            self._densify()
+
+    def _new_rows(self) -> tuple[Any, ...]:
+        sparse = self._width > DENSE_BYTES
+        self._sparse = sparse or self._door_mask + 1 > DENSE_BYTES
+        return tuple(_Sparse() if sparse else bytearray(self._width) for _ in range(DEPTH))
+
+    def _new_door(self) -> Any:
+        size = self._door_mask + 1
+        return _Sparse() if size > DENSE_BYTES else bytearray(size)
+
+    def _densify(self) -> None:
+        """Turn each sparse row or doorkeeper past 1/``_FILL`` full into a byte array."""
+        rows = list(self._rows)
+        for i, row in enumerate(rows):
+            if isinstance(row, _Sparse) and len(row) * _FILL > self._width:
+                rows[i] = _dense(row, self._width)
+        self._rows = tuple(rows)
+        door = self._door
+        if isinstance(door, _Sparse) and len(door) * _FILL > self._door_mask + 1:
+            self._door = _dense(door, self._door_mask + 1)
+        self._sparse = any(isinstance(x, _Sparse) for x in (*self._rows, self._door))
 
     def age(self) -> None:
         """Halve every counter and clear the doorkeeper (the sample period restarts at half)."""
-        self._rows = tuple(row.translate(_HALVE) for row in self._rows)
-        self._door = bytearray(len(self._door))
+        self._rows = tuple(
+            _Sparse({cell: count >> 1 for cell, count in row.items() if count > 1})
+            if isinstance(row, _Sparse)
+            else row.translate(_HALVE)
+            for row in self._rows
+        )
+        self._door = _Sparse() if isinstance(self._door, _Sparse) else bytearray(len(self._door))
         self.additions //= 2
 
     def clear(self) -> None:
-        """Forget everything."""
-        self._rows = tuple(bytearray(self._width) for _ in range(DEPTH))
-        self._door = bytearray(len(self._door))
+        """Forget everything (and give the memory back: a large sketch is sparse again)."""
+        self._rows = self._new_rows()
+        self._door = self._new_door()
         self.additions = 0
 
 
-__all__ = ["DEPTH", "MAX_COUNT", "FrequencySketch"]
+__all__ = ["DENSE_BYTES", "DEPTH", "MAX_COUNT", "FrequencySketch"]

@@ -41,10 +41,11 @@ from itertools import chain, compress, islice, repeat
 from itertools import count as count_from
 from typing import Final
 
+from kvoffload._checks import check_int, check_number
 from kvoffload.context import ReqContext
 from kvoffload.keys import OffloadKey
-from kvoffload.policies.base import BlockStatus, CachePolicy, Victims
-from kvoffload.policies.victims import protected_disjoint, ref_count
+from kvoffload.policies.base import BlockStatus, CachePolicy, Victims, already_stored
+from kvoffload.policies.victims import protected_disjoint
 
 _COUNT_BUCKETS = 4  # used 0, 1, 2-3, 4+ times since first stored (log2 buckets)
 _OUTPUT_NAMES = ("short", "medium", "long", "unknown")
@@ -117,20 +118,16 @@ class KVAwareCachePolicy(CachePolicy):
             ("long_output_tokens", long_output_tokens),
             ("decay_window", decay_window),
         ):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"{name} must be an int >= 0, got {value!r}")
+            check_int(name, value, 0)
         if long_output_tokens < short_output_tokens:
             raise ValueError(
                 f"long_output_tokens ({long_output_tokens}) must be >= short_output_tokens "
                 f"({short_output_tokens})"
             )
-        for name, number in (("horizon_factor", horizon_factor), ("prior_weight", prior_weight)):
-            if not number > 0:
-                raise ValueError(f"{name} must be > 0, got {number!r}")
-        if not ghost_factor >= 0:
-            raise ValueError(f"ghost_factor must be >= 0, got {ghost_factor!r}")
-        if not 0.0 < prior_reuse < 1.0:
-            raise ValueError(f"prior_reuse must be in (0, 1), got {prior_reuse!r}")
+        horizon_factor = check_number("horizon_factor", horizon_factor, 0, low_open=True)
+        prior_weight = check_number("prior_weight", prior_weight, 0, low_open=True)
+        ghost_factor = check_number("ghost_factor", ghost_factor, 0)
+        prior_reuse = check_number("prior_reuse", prior_reuse, 0, 1, low_open=True, high_open=True)
         self.short_output_tokens = short_output_tokens
         self.long_output_tokens = long_output_tokens
         self.horizon_factor = horizon_factor
@@ -138,8 +135,7 @@ class KVAwareCachePolicy(CachePolicy):
         self.decay_window = decay_window or max(2000, 8 * cache_capacity)
         self.prior_reuse = prior_reuse
         self.prior_weight = prior_weight
-        self._blocks: dict[OffloadKey, _Meta] = {}
-        self._statuses: dict[OffloadKey, BlockStatus] = {}  # the block table the manager reads
+        self._meta: dict[OffloadKey, _Meta] = {}
         self._orders: list[OrderedDict[OffloadKey, None]] = [
             OrderedDict() for _ in range(_NUM_CLASSES)
         ]
@@ -232,16 +228,11 @@ class KVAwareCachePolicy(CachePolicy):
         state.extend(keys)
 
     # ------------------------------------------------------------ contract
-    def get(self, key: OffloadKey) -> BlockStatus | None:
-        return self._statuses.get(key)
-
-    @property
-    def block_table(self) -> Mapping[OffloadKey, BlockStatus]:
-        return self._statuses
-
     def insert(
         self, key: OffloadKey, block: BlockStatus, req_context: ReqContext | None = None
     ) -> None:
+        if key in self._blocks:
+            raise already_stored(key)
         now = self._advance(req_context, 1)
         if self._rate_inserts > 0.0:
             self._rate_time += max(now - self._last_insert_time, 0.0)
@@ -258,39 +249,11 @@ class KVAwareCachePolicy(CachePolicy):
             tail = req_context is not None and req_context.partial_tail_key == key
             cls = TAIL_CLASS if tail else _NEW_CLASS
         self._enter(cls)
-        self._blocks[key] = (cls, uses, _UNKNOWN_OUTPUT, now)
-        self._statuses[key] = block
+        self._meta[key] = (cls, uses, _UNKNOWN_OUTPUT, now)
+        self._blocks[key] = block
         if block.ref_cnt == 0:
             self._orders[cls][key] = None
         self._remember(req_context, (key,))
-
-    def insert_many(
-        self,
-        keys: Sequence[OffloadKey],
-        blocks: Sequence[BlockStatus],
-        req_context: ReqContext | None = None,
-    ) -> None:
-        if type(self).insert is not KVAwareCachePolicy.insert or len(keys) != len(blocks):
-            super().insert_many(keys, blocks, req_context)  # a subclass hooks insert, or misuse
-            return
-        tail = req_context.partial_tail_key if req_context is not None else None
-        stamp = req_context.timestamp if req_context is not None else None
-        if len(keys) > 1 and self._since_decay + len(keys) < self.decay_window:
-            nows = self._advance_inserts(stamp, len(keys))
-            if nows is not None:
-                metas = self._new_metas(keys, nows, tail)
-            else:
-                metas = self._insert_loop(keys, stamp, tail)
-        else:
-            metas = self._insert_loop(keys, stamp, tail)
-        self._blocks.update(zip(keys, metas, strict=True))
-        self._statuses.update(zip(keys, blocks, strict=True))
-        orders = self._orders
-        if 0 in map(ref_count, blocks):  # usually none: the manager inserts pending blocks
-            for key, block, meta in zip(keys, blocks, metas, strict=True):
-                if block.ref_cnt == 0:
-                    orders[meta[_CLS]][key] = None
-        self._remember(req_context, keys)
 
     def _insert_loop(
         self, keys: Sequence[OffloadKey], stamp: float | None, tail: bytes | None
@@ -425,15 +388,15 @@ class KVAwareCachePolicy(CachePolicy):
         return metas
 
     def remove(self, key: OffloadKey) -> None:
-        meta = self._blocks.pop(key, None)
+        meta = self._meta.pop(key, None)
         if meta is not None:
-            del self._statuses[key]
+            del self._blocks[key]
             self._orders[meta[_CLS]].pop(key, None)
             self._leave(meta[_CLS])
 
     def touch(self, keys: Iterable[OffloadKey], req_context: ReqContext | None = None) -> None:
-        blocks, orders, entries = self._blocks, self._orders, self._entries
-        statuses = self._statuses
+        blocks, orders, entries = self._meta, self._orders, self._entries
+        statuses = self._blocks
         stored = [key for key in keys if key in blocks]
         if not stored:  # keys that are not stored mean nothing here (ghosts count at insert)
             return
@@ -475,7 +438,7 @@ class KVAwareCachePolicy(CachePolicy):
             return
         keys = state.copy()
         state.clear()
-        blocks, orders = self._blocks, self._orders
+        blocks, orders = self._meta, self._orders
         entries, reuses = self._entries, self._reuses
         moved = 0
         for key in reversed(keys):
@@ -503,7 +466,7 @@ class KVAwareCachePolicy(CachePolicy):
         orders = self._orders
         if n > sum(map(len, orders)):
             return None
-        blocks = self._blocks
+        blocks = self._meta
         now = self._now
         horizon = self._horizon()
         exp, expm1 = math.exp, math.expm1
@@ -605,7 +568,7 @@ class KVAwareCachePolicy(CachePolicy):
                     heapq.heappop(heap)
             else:
                 heapq.heapreplace(heap, (score(best, candidate), best, candidate))
-        victims = list(zip(chosen, map(self._statuses.pop, chosen), strict=True))
+        victims = list(zip(chosen, map(self._blocks.pop, chosen), strict=True))
         pop = blocks.pop
         if self.ghost_capacity > 0:
             ghosts = self._ghosts
@@ -622,36 +585,22 @@ class KVAwareCachePolicy(CachePolicy):
         return victims
 
     def clear(self) -> None:
+        self._meta.clear()
         self._blocks.clear()
-        self._statuses.clear()
         for order in self._orders:
             order.clear()
         self._ghosts.clear()
         self._reset_learning()
 
     def mark_evictable(self, key: OffloadKey) -> None:
-        meta = self._blocks.get(key)
+        meta = self._meta.get(key)
         if meta is not None:
             order = self._orders[meta[_CLS]]
             order[key] = None
             order.move_to_end(key)
 
-    def mark_evictable_many(self, keys: Sequence[OffloadKey]) -> None:
-        if type(self).mark_evictable is not KVAwareCachePolicy.mark_evictable:  # a subclass hook
-            super().mark_evictable_many(keys)
-            return
-        blocks, orders = self._blocks, self._orders
-        for key in keys:
-            meta = blocks.get(key)
-            if meta is not None:
-                order = orders[meta[_CLS]]
-                if key in order:
-                    order.move_to_end(key)
-                else:
-                    order[key] = None
-
     def mark_non_evictable(self, key: OffloadKey) -> None:
-        meta = self._blocks.get(key)
+        meta = self._meta.get(key)
         if meta is not None:
             self._orders[meta[_CLS]].pop(key, None)
 

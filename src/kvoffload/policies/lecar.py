@@ -30,10 +30,10 @@ from collections import OrderedDict
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from itertools import chain
 
+from kvoffload._checks import check_int, check_number
 from kvoffload.context import ReqContext
 from kvoffload.keys import OffloadKey
-from kvoffload.policies.base import BlockStatus, CachePolicy, Victims
-from kvoffload.policies.params import check_number
+from kvoffload.policies.base import BlockStatus, CachePolicy, Victims, already_stored
 
 _MIN_WEIGHT = 1e-6
 _LRU, _LFU = 0, 1
@@ -59,12 +59,9 @@ class LeCaRCachePolicy(CachePolicy):
             "initial_lru_weight", initial_lru_weight, _MIN_WEIGHT, 1.0 - _MIN_WEIGHT
         )
         self.history_ratio = check_number("history_ratio", history_ratio, 0.0, 16.0)
-        if isinstance(seed, bool) or not isinstance(seed, int):
-            raise TypeError(f"seed must be an int, got {type(seed).__name__}")
-        self.seed = seed
+        self.seed = check_int("seed", seed)
         self._history_limit = int(cache_capacity * self.history_ratio)
         self._discount = 0.005 ** (1.0 / cache_capacity) if cache_capacity else 0.0
-        self._blocks: dict[OffloadKey, BlockStatus] = {}
         self._freq: dict[OffloadKey, int] = {}
         self._lru: OrderedDict[OffloadKey, None] = OrderedDict()  # evictable, LRU first
         self._buckets: dict[int, OrderedDict[OffloadKey, None]] = {}  # evictable by use count
@@ -80,16 +77,11 @@ class LeCaRCachePolicy(CachePolicy):
         """The LRU expert's current weight (the LFU expert has ``1 - lru_weight``)."""
         return self._w_lru
 
-    def get(self, key: OffloadKey) -> BlockStatus | None:
-        return self._blocks.get(key)
-
-    @property
-    def block_table(self) -> Mapping[OffloadKey, BlockStatus]:
-        return self._blocks
-
     def insert(
         self, key: OffloadKey, block: BlockStatus, req_context: ReqContext | None = None
     ) -> None:
+        if key in self._blocks:
+            raise already_stored(key)
         for history in self._histories:  # a stored key is never also a ghost
             history.pop(key, None)
         self._blocks[key] = block
@@ -103,9 +95,7 @@ class LeCaRCachePolicy(CachePolicy):
         blocks: Sequence[BlockStatus],
         req_context: ReqContext | None = None,
     ) -> None:
-        if type(self).insert is not LeCaRCachePolicy.insert:  # a subclass hooks insert: honour it
-            super().insert_many(keys, blocks, req_context)
-            return
+        self._require_absent(keys)
         for history in self._histories:  # a stored key is never also a ghost
             if not history.keys().isdisjoint(keys):
                 for key in keys:
@@ -263,9 +253,6 @@ class LeCaRCachePolicy(CachePolicy):
             self._lru.move_to_end(key)
 
     def mark_evictable_many(self, keys: Sequence[OffloadKey]) -> None:
-        if type(self).mark_evictable is not LeCaRCachePolicy.mark_evictable:  # a subclass hook
-            super().mark_evictable_many(keys)
-            return
         blocks, lru, freqs, buckets = self._blocks, self._lru, self._freq, self._buckets
         last_count, last_bucket = -1, None  # the bucket entered last (usually all share one)
         for key in keys:

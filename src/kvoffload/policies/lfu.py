@@ -24,7 +24,7 @@ from collections.abc import Collection, Iterable, Mapping
 
 from kvoffload.context import ReqContext
 from kvoffload.keys import OffloadKey
-from kvoffload.policies.base import BlockStatus, CachePolicy, Victims
+from kvoffload.policies.base import BlockStatus, CachePolicy, Victims, already_stored
 
 
 class _CountNode:
@@ -47,19 +47,15 @@ class LFUCachePolicy(CachePolicy):
 
     def __init__(self, cache_capacity: int) -> None:
         super().__init__(cache_capacity)
-        self._blocks: dict[OffloadKey, BlockStatus] = {}
         self._node_of: dict[OffloadKey, _CountNode] = {}
         self._lowest: _CountNode | None = None
         self._evictable_count = 0
-
-    def get(self, key: OffloadKey) -> BlockStatus | None:
-        return self._blocks.get(key)
 
     def insert(
         self, key: OffloadKey, block: BlockStatus, req_context: ReqContext | None = None
     ) -> None:
         if key in self._blocks:
-            raise ValueError(f"insert: key {key!r} is already stored; remove it first")
+            raise already_stored(key)
         node = self._lowest
         if node is None or node.count != 1:
             node = self._link_after(None, 1)

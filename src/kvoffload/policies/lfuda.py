@@ -28,13 +28,13 @@ from __future__ import annotations
 
 import heapq
 from collections import OrderedDict
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping
 from itertools import islice
 
 from kvoffload.context import ReqContext
 from kvoffload.keys import OffloadKey
-from kvoffload.policies.base import BlockStatus, CachePolicy, Victims
-from kvoffload.policies.victims import protected_disjoint, ref_count
+from kvoffload.policies.base import BlockStatus, CachePolicy, Victims, already_stored
+from kvoffload.policies.victims import protected_disjoint
 
 
 class LFUDACachePolicy(CachePolicy):
@@ -44,7 +44,6 @@ class LFUDACachePolicy(CachePolicy):
 
     def __init__(self, cache_capacity: int) -> None:
         super().__init__(cache_capacity)
-        self._blocks: dict[OffloadKey, BlockStatus] = {}
         # (uses, priority) of every stored key: one tuple, so a store sets one shared value.
         self._state: dict[OffloadKey, tuple[int, int]] = {}
         self._age = 0  # L: the priority of the last victim
@@ -61,41 +60,15 @@ class LFUDACachePolicy(CachePolicy):
         """``L``, the priority of the last evicted block (0 before the first eviction)."""
         return self._age
 
-    def get(self, key: OffloadKey) -> BlockStatus | None:
-        return self._blocks.get(key)
-
-    @property
-    def block_table(self) -> Mapping[OffloadKey, BlockStatus]:
-        return self._blocks
-
     def insert(
         self, key: OffloadKey, block: BlockStatus, req_context: ReqContext | None = None
     ) -> None:
+        if key in self._blocks:
+            raise already_stored(key)
         self._blocks[key] = block
         self._state[key] = (1, self._age + 1)
         if block.ref_cnt == 0:
             self._push(key)
-
-    def insert_many(
-        self,
-        keys: Sequence[OffloadKey],
-        blocks: Sequence[BlockStatus],
-        req_context: ReqContext | None = None,
-    ) -> None:
-        stored = self._blocks
-        if (
-            type(self).insert is not LFUDACachePolicy.insert  # a subclass hooks insert
-            or len(keys) != len(blocks)
-            or not stored.keys().isdisjoint(keys)
-        ):
-            super().insert_many(keys, blocks, req_context)
-            return
-        stored.update(zip(keys, blocks, strict=True))
-        self._state.update(dict.fromkeys(keys, (1, self._age + 1)))
-        if 0 in map(ref_count, blocks):  # usually none: the manager inserts pending blocks
-            for key, block in zip(keys, blocks, strict=True):
-                if block.ref_cnt == 0:
-                    self._push(key)
 
     def remove(self, key: OffloadKey) -> None:
         if self._blocks.pop(key, None) is not None:
@@ -170,23 +143,6 @@ class LFUDACachePolicy(CachePolicy):
     def mark_evictable(self, key: OffloadKey) -> None:
         if key in self._blocks and key not in self._live:
             self._push(key)
-
-    def mark_evictable_many(self, keys: Sequence[OffloadKey]) -> None:
-        if type(self).mark_evictable is not LFUDACachePolicy.mark_evictable:  # a subclass hook
-            super().mark_evictable_many(keys)
-            return
-        blocks, state, live = self._blocks, self._state, self._live
-        level = None
-        bucket: OrderedDict[OffloadKey, None] = OrderedDict()
-        for key in keys:
-            if key in live or key not in blocks:
-                continue
-            wanted = state[key][1]
-            if wanted != level:  # consecutive keys usually share one priority: L + 1
-                level = wanted
-                bucket = self._bucket(level)
-            live[key] = level
-            bucket[key] = None
 
     def mark_non_evictable(self, key: OffloadKey) -> None:
         bucket = self._live.pop(key, None)

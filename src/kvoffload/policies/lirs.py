@@ -29,13 +29,13 @@ a LIR block moves to S's top, a HIR block to Q's tail.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping
 from itertools import islice
 
+from kvoffload._checks import check_number
 from kvoffload.context import ReqContext
 from kvoffload.keys import OffloadKey
-from kvoffload.policies.base import BlockStatus, CachePolicy, Victims
-from kvoffload.policies.params import check_number
+from kvoffload.policies.base import BlockStatus, CachePolicy, Victims, already_stored
 from kvoffload.policies.victims import protected_disjoint
 
 
@@ -53,23 +53,17 @@ class LIRSCachePolicy(CachePolicy):
         self._hir_limit = max(1, int(self.hir_ratio * cache_capacity)) if cache_capacity else 0
         self._lir_limit = cache_capacity - self._hir_limit
         self._stack_limit = int(self.stack_ratio * cache_capacity)
-        self._blocks: dict[OffloadKey, BlockStatus] = {}
         self._lir: set[OffloadKey] = set()  # resident LIR blocks, pinned included
         self._stack: OrderedDict[OffloadKey, None] = OrderedDict()  # S, bottom first
         self._queue: OrderedDict[OffloadKey, None] = OrderedDict()  # evictable HIR, front first
         self._lir_order: OrderedDict[OffloadKey, None] = OrderedDict()  # evictable LIR, S order
         self._ghosts: OrderedDict[OffloadKey, None] = OrderedDict()  # non-resident S entries
 
-    def get(self, key: OffloadKey) -> BlockStatus | None:
-        return self._blocks.get(key)
-
-    @property
-    def block_table(self) -> Mapping[OffloadKey, BlockStatus]:
-        return self._blocks
-
     def insert(
         self, key: OffloadKey, block: BlockStatus, req_context: ReqContext | None = None
     ) -> None:
+        if key in self._blocks:
+            raise already_stored(key)
         self._blocks[key] = block
         evictable = block.ref_cnt == 0
         if self._ghosts.pop(key, 0) is None:  # seen recently enough: its reuse distance is short
@@ -213,18 +207,6 @@ class LIRSCachePolicy(CachePolicy):
         elif key in self._blocks:
             self._queue[key] = None
             self._queue.move_to_end(key)
-
-    def mark_evictable_many(self, keys: Sequence[OffloadKey]) -> None:
-        if type(self).mark_evictable is not LIRSCachePolicy.mark_evictable:  # a subclass hook
-            super().mark_evictable_many(keys)
-            return
-        lir, blocks, queue = self._lir, self._blocks, self._queue
-        for key in keys:  # mark_evictable, inlined for the HIR blocks (completed stores)
-            if key in lir:
-                self.mark_evictable(key)
-            elif key in blocks:
-                queue[key] = None
-                queue.move_to_end(key)
 
     def mark_non_evictable(self, key: OffloadKey) -> None:
         self._lir_order.pop(key, None)

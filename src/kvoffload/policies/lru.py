@@ -9,13 +9,13 @@ recent: finishing a load is a use.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping
 from itertools import islice
 
 from kvoffload.context import ReqContext
 from kvoffload.keys import OffloadKey
-from kvoffload.policies.base import BlockStatus, CachePolicy, Victims
-from kvoffload.policies.victims import append_absent, protected_disjoint, ref_count
+from kvoffload.policies.base import BlockStatus, CachePolicy, Victims, already_stored
+from kvoffload.policies.victims import protected_disjoint
 
 
 class LRUCachePolicy(CachePolicy):
@@ -26,61 +26,17 @@ class LRUCachePolicy(CachePolicy):
 
     def __init__(self, cache_capacity: int) -> None:
         super().__init__(cache_capacity)
-        self._blocks: dict[OffloadKey, BlockStatus] = {}
         # Evictable keys, least recent first.
         self._evictable: OrderedDict[OffloadKey, None] = OrderedDict()
-
-    def get(self, key: OffloadKey) -> BlockStatus | None:
-        return self._blocks.get(key)
-
-    @property
-    def block_table(self) -> Mapping[OffloadKey, BlockStatus]:
-        return self._blocks
 
     def insert(
         self, key: OffloadKey, block: BlockStatus, req_context: ReqContext | None = None
     ) -> None:
+        if key in self._blocks:
+            raise already_stored(key)
         self._blocks[key] = block
         if block.ref_cnt == 0:
             self._evictable[key] = None
-
-    def insert_many(
-        self,
-        keys: Sequence[OffloadKey],
-        blocks: Sequence[BlockStatus],
-        req_context: ReqContext | None = None,
-    ) -> None:
-        if type(self).insert is not LRUCachePolicy.insert:  # a subclass hooks insert: honour it
-            super().insert_many(keys, blocks, req_context)
-            return
-        if len(keys) == 1:
-            key, block = keys[0], blocks[0]
-            self._blocks[key] = block
-            if block.ref_cnt == 0:
-                self._evictable[key] = None
-                self._evictable.move_to_end(key)
-            return
-        self._blocks.update(zip(keys, blocks, strict=True))
-        if 0 in map(ref_count, blocks):  # usually none: the manager inserts pending blocks
-            pairs = zip(keys, blocks, strict=True)
-            self.mark_evictable_many([key for key, block in pairs if block.ref_cnt == 0])
-
-    def mark_evictable_many(self, keys: Sequence[OffloadKey]) -> None:
-        if type(self).mark_evictable is not LRUCachePolicy.mark_evictable:  # a subclass hook
-            super().mark_evictable_many(keys)
-            return
-        evictable = self._evictable
-        blocks = self._blocks
-        if len(keys) == 1:
-            self.mark_evictable(keys[0])
-            return
-        if evictable.keys().isdisjoint(keys) and all(map(blocks.__contains__, keys)):
-            append_absent(evictable, keys)  # the usual case: new entries land at the end
-            return
-        for key in keys:
-            if key in blocks:
-                evictable[key] = None
-                evictable.move_to_end(key)
 
     def remove(self, key: OffloadKey) -> None:
         if self._blocks.pop(key, None) is not None:
@@ -133,6 +89,11 @@ class LRUCachePolicy(CachePolicy):
 
     def mark_non_evictable(self, key: OffloadKey) -> None:
         self._evictable.pop(key, None)
+
+    def eviction_order(self) -> Iterator[OffloadKey]:
+        """The evictable keys, least recent (the next victim) first: for a subclass that picks
+        its own victims (take them with ``get`` and ``remove``). Do not store while iterating."""
+        return iter(self._evictable)
 
     def stats(self) -> Mapping[str, float]:
         return {"blocks": len(self._blocks), "evictable": len(self._evictable)}

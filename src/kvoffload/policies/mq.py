@@ -27,10 +27,10 @@ from collections import OrderedDict
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from itertools import islice
 
+from kvoffload._checks import check_int, check_number
 from kvoffload.context import ReqContext
 from kvoffload.keys import OffloadKey
-from kvoffload.policies.base import BlockStatus, CachePolicy, Victims
-from kvoffload.policies.params import check_int, check_number
+from kvoffload.policies.base import BlockStatus, CachePolicy, Victims, already_stored
 from kvoffload.policies.victims import first_unprotected, protected_disjoint
 
 _NEVER = float("inf")
@@ -55,7 +55,6 @@ class MQCachePolicy(CachePolicy):
         self.qout_ratio = check_number("qout_ratio", qout_ratio, 0, 64, why=" (ghosts per block)")
         self._qout_limit = int(cache_capacity * self.qout_ratio)
         # Resident blocks, one plain dict per field (cheaper than an object per block):
-        self._blocks: dict[OffloadKey, BlockStatus] = {}
         self._freq: dict[OffloadKey, int] = {}  # access count
         # Queue index; ``~index`` (negative) until the store's write completes, which is when
         # its insertion is counted.
@@ -76,16 +75,11 @@ class MQCachePolicy(CachePolicy):
     def _queue_for(self, freq: int) -> int:
         return min(freq.bit_length() - 1, self.num_queues - 1)
 
-    def get(self, key: OffloadKey) -> BlockStatus | None:
-        return self._blocks.get(key)
-
-    @property
-    def block_table(self) -> Mapping[OffloadKey, BlockStatus]:
-        return self._blocks
-
     def insert(
         self, key: OffloadKey, block: BlockStatus, req_context: ReqContext | None = None
     ) -> None:
+        if key in self._blocks:
+            raise already_stored(key)
         self._insert(key, block)
         if block.ref_cnt >= 0:  # inserted ready: the store is complete now
             self._complete_store(key)
@@ -104,9 +98,7 @@ class MQCachePolicy(CachePolicy):
         blocks: Sequence[BlockStatus],
         req_context: ReqContext | None = None,
     ) -> None:
-        if type(self).insert is not MQCachePolicy.insert:  # a subclass hooks insert: honour it
-            super().insert_many(keys, blocks, req_context)
-            return
+        self._require_absent(keys)
         if len(keys) != len(blocks):
             raise ValueError(f"{len(keys)} keys but {len(blocks)} blocks")
         statuses, freqs, queue_of = self._blocks, self._freq, self._queue
@@ -348,9 +340,6 @@ class MQCachePolicy(CachePolicy):
             self._enqueue(key, queue)
 
     def mark_evictable_many(self, keys: Sequence[OffloadKey]) -> None:
-        if type(self).mark_evictable is not MQCachePolicy.mark_evictable:  # a subclass hook
-            super().mark_evictable_many(keys)
-            return
         queue_of, queues, statuses, expires = self._queue, self._queues, self._blocks, self._expire
         first = queues[0]
         lifetime = self.lifetime

@@ -32,7 +32,7 @@ from typing import Any
 
 from kvoffload.context import ReqContext
 from kvoffload.keys import OffloadKey
-from kvoffload.policies.base import BlockStatus, CachePolicy, Victims
+from kvoffload.policies.base import BlockStatus, CachePolicy, Victims, already_stored
 
 _INSTANCE_IDS = itertools.count()
 _UNSEEN: Any = object()  # a key the request did not touch
@@ -72,7 +72,6 @@ class PrefixLRUCachePolicy(CachePolicy):
         super().__init__(cache_capacity)
         self._id = next(_INSTANCE_IDS)
         self._nodes: dict[OffloadKey, _Node] = {}
-        self._blocks: dict[OffloadKey, BlockStatus] = {}  # the same keys, for block_table
         # Evictable blocks, least recent first (some may still have children: found on a walk).
         self._order: OrderedDict[OffloadKey, None] = OrderedDict()
         # Evictable blocks found to have cached children, in the order they were deferred.
@@ -125,18 +124,11 @@ class PrefixLRUCachePolicy(CachePolicy):
         return self._nodes.get(parent_key)
 
     # ------------------------------------------------------------------ the contract
-    def get(self, key: OffloadKey) -> BlockStatus | None:
-        return self._blocks.get(key)
-
-    @property
-    def block_table(self) -> Mapping[OffloadKey, BlockStatus]:
-        return self._blocks
-
     def insert(
         self, key: OffloadKey, block: BlockStatus, req_context: ReqContext | None = None
     ) -> None:
-        if key in self._nodes:
-            self.remove(key)
+        if key in self._blocks:
+            raise already_stored(key)
         parent = self._parent_of(key, req_context)
         self._nodes[key] = _new_node(key, parent)
         self._blocks[key] = block
@@ -151,9 +143,7 @@ class PrefixLRUCachePolicy(CachePolicy):
         blocks: Sequence[BlockStatus],
         req_context: ReqContext | None = None,
     ) -> None:
-        if type(self).insert is not PrefixLRUCachePolicy.insert:  # a subclass hooks insert
-            super().insert_many(keys, blocks, req_context)
-            return
+        self._require_absent(keys)
         # insert for each key, with the chain and the key positions looked up once per key.
         nodes, statuses, order = self._nodes, self._blocks, self._order
         chain = self._chain(req_context)
@@ -163,8 +153,6 @@ class PrefixLRUCachePolicy(CachePolicy):
         last_key: OffloadKey | None = None  # the previous key and its position
         last_end: int | None = None
         for key, block, parent_key in zip(keys, blocks, parent_keys, strict=True):
-            if key in nodes:
-                self.remove(key)
             if parent_key is _UNSEEN:  # inserted without a touch first: it follows whatever
                 parent_key = chain.last if chain.last != key else None  # the request saw last
                 chain.last = key
@@ -312,9 +300,6 @@ class PrefixLRUCachePolicy(CachePolicy):
             self._order.move_to_end(key)
 
     def mark_evictable_many(self, keys: Sequence[OffloadKey]) -> None:
-        if type(self).mark_evictable is not PrefixLRUCachePolicy.mark_evictable:  # a subclass hook
-            super().mark_evictable_many(keys)
-            return
         nodes, order, waiting = self._nodes, self._order, self._waiting
         for key in keys:
             if key in nodes:

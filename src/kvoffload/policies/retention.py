@@ -33,9 +33,10 @@ from collections import OrderedDict
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from itertools import islice
 
+from kvoffload._checks import check_callable, check_int, check_number
 from kvoffload.context import ReqContext
 from kvoffload.keys import OffloadKey
-from kvoffload.policies.base import BlockStatus, CachePolicy, Victims
+from kvoffload.policies.base import BlockStatus, CachePolicy, Victims, already_stored
 from kvoffload.policies.victims import first_unprotected, protected_disjoint, ref_count
 
 MIN_PRIORITY = 0
@@ -43,26 +44,16 @@ MAX_PRIORITY = 100
 
 
 def _check_priority(value: object, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(
-            f"{what} must be an int in [{MIN_PRIORITY}, {MAX_PRIORITY}], got {value!r}"
-        )
-    if not MIN_PRIORITY <= value <= MAX_PRIORITY:
-        raise ValueError(f"{what} must be in [{MIN_PRIORITY}, {MAX_PRIORITY}], got {value}")
-    return value
+    return check_int(what, value, MIN_PRIORITY, MAX_PRIORITY)
 
 
 def _check_duration(value: object, req_id: str) -> float | None:
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
-        raise ValueError(
-            f"request '{req_id}': priority_duration_s must be a number of seconds or None, "
-            f"got {value!r}"
-        )
-    if value < 0:
-        raise ValueError(f"request '{req_id}': priority_duration_s must be >= 0, got {value}")
-    return float(value)
+    name = f"request '{req_id}': priority_duration_s"
+    if value == math.inf:  # never expires
+        return math.inf
+    return check_number(name, value, 0, why=" (seconds; inf = for good)", or_none=True)
 
 
 class RetentionCachePolicy(CachePolicy):
@@ -79,12 +70,11 @@ class RetentionCachePolicy(CachePolicy):
     ) -> None:
         super().__init__(cache_capacity)
         self.default_priority = _check_priority(default_priority, "default_priority")
-        if not callable(clock):
-            raise ValueError(f"clock must be a callable returning seconds, got {clock!r}")
-        self._clock = clock
+        self._clock: Callable[[], float] = check_callable(
+            "clock", clock, "a callable returning seconds"
+        )
         # Per stored block, in flat dicts and sets rather than one object per block: most
         # blocks only ever need a status and a level, set for a whole store in one C call.
-        self._statuses: dict[OffloadKey, BlockStatus] = {}  # the block table
         self._level: dict[OffloadKey, int] = {}
         self._deadline: dict[OffloadKey, tuple[float, int]] = {}  # (when, heap id); few keys
         # Evictable (per the manager's mark hooks) is listed, or user-pinned and in this set.
@@ -140,7 +130,7 @@ class RetentionCachePolicy(CachePolicy):
         self._next_deadline_id += 1
         self._deadline[key] = (deadline, deadline_id)
         heapq.heappush(self._deadlines, (deadline, deadline_id, key))
-        if len(self._deadlines) > 2 * len(self._statuses) + 64:
+        if len(self._deadlines) > 2 * len(self._blocks) + 64:
             self._compact_deadlines()
 
     def _compact_deadlines(self) -> None:
@@ -238,24 +228,17 @@ class RetentionCachePolicy(CachePolicy):
         self._pinned_evictable.discard(key)
         if self._deadline:
             self._deadline.pop(key, None)
-        return self._statuses.pop(key)
+        return self._blocks.pop(key)
 
     # ------------------------------------------------------------------ the contract
-    def get(self, key: OffloadKey) -> BlockStatus | None:
-        return self._statuses.get(key)
-
-    @property
-    def block_table(self) -> Mapping[OffloadKey, BlockStatus]:
-        return self._statuses
-
     def insert(
         self, key: OffloadKey, block: BlockStatus, req_context: ReqContext | None = None
     ) -> None:
-        if key in self._statuses:
-            self.remove(key)
+        if key in self._blocks:
+            raise already_stored(key)
         now = self._known_now(req_context)
         level, duration = self._request_priority(req_context)
-        self._statuses[key] = block
+        self._blocks[key] = block
         self._level[key] = level
         if duration is not None:
             self._set_deadline(key, (self._clock() if now is None else now) + duration)
@@ -268,21 +251,16 @@ class RetentionCachePolicy(CachePolicy):
         blocks: Sequence[BlockStatus],
         req_context: ReqContext | None = None,
     ) -> None:
-        statuses = self._statuses
-        if (
-            type(self).insert is not RetentionCachePolicy.insert  # a subclass hooks insert
-            or not keys
-            or len(keys) != len(blocks)
-            or not statuses.keys().isdisjoint(keys)
-        ):
+        self._require_absent(keys)
+        statuses = self._blocks
+        if not keys or len(keys) != len(blocks):
             super().insert_many(keys, blocks, req_context)
             return
         self._known_now(req_context)
         level, duration = self._request_priority(req_context)
-        before = len(statuses)
         statuses.update(zip(keys, blocks, strict=True))
-        if duration is not None or len(statuses) - before != len(keys):
-            for key in keys:  # deadlines, or a key repeated: one insert at a time
+        if duration is not None:
+            for key in keys:  # deadlines: one insert at a time
                 statuses.pop(key, None)
             super().insert_many(keys, blocks, req_context)
             return
@@ -293,7 +271,7 @@ class RetentionCachePolicy(CachePolicy):
                     self._list(key)
 
     def remove(self, key: OffloadKey) -> None:
-        if key not in self._statuses:
+        if key not in self._blocks:
             return
         if self._is_listed(key):
             self._unlist(key)
@@ -304,7 +282,7 @@ class RetentionCachePolicy(CachePolicy):
         now = self._known_now(req_context)
         level, duration = self._request_priority(req_context)
         walk = keys if isinstance(keys, (list, tuple)) else list(keys)
-        statuses = self._statuses
+        statuses = self._blocks
         if statuses.keys().isdisjoint(walk):  # a store's misses: nothing to record
             return
         deadline = None
@@ -347,7 +325,7 @@ class RetentionCachePolicy(CachePolicy):
                 if self._deadline:
                     for key in chosen:
                         self._deadline.pop(key, None)
-                return list(zip(chosen, map(self._statuses.pop, chosen), strict=True))
+                return list(zip(chosen, map(self._blocks.pop, chosen), strict=True))
         found = first_unprotected(self._eviction_orders(), n, protected)
         if found is None:
             return None
@@ -359,7 +337,7 @@ class RetentionCachePolicy(CachePolicy):
         return victims
 
     def clear(self) -> None:
-        self._statuses.clear()
+        self._blocks.clear()
         self._level.clear()
         self._deadline.clear()
         self._pinned_evictable.clear()
@@ -374,7 +352,7 @@ class RetentionCachePolicy(CachePolicy):
         self._expirations = 0
 
     def mark_evictable(self, key: OffloadKey) -> None:
-        if key not in self._statuses:
+        if key not in self._blocks:
             return
         if self._is_listed(key):
             self._unlist(key)
@@ -383,9 +361,6 @@ class RetentionCachePolicy(CachePolicy):
         self._relist_as_used(key, True)
 
     def mark_evictable_many(self, keys: Sequence[OffloadKey]) -> None:
-        if type(self).mark_evictable is not RetentionCachePolicy.mark_evictable:  # a subclass
-            super().mark_evictable_many(keys)
-            return
         level_of, levels, expired = self._level, self._levels, self._expired
         pinned, deadlines = self._user_pinned, self._deadline
         special = bool(pinned or deadlines or expired)
@@ -407,7 +382,7 @@ class RetentionCachePolicy(CachePolicy):
         self._nonempty, self._listed = nonempty, listed
 
     def mark_non_evictable(self, key: OffloadKey) -> None:
-        if key not in self._statuses:
+        if key not in self._blocks:
             return
         if key in self._user_pinned:
             self._pinned_evictable.discard(key)
@@ -423,7 +398,7 @@ class RetentionCachePolicy(CachePolicy):
         """
         pinned = 0
         for key in keys:
-            if key not in self._statuses:
+            if key not in self._blocks:
                 continue
             pinned += 1
             if key in self._user_pinned:
@@ -463,7 +438,7 @@ class RetentionCachePolicy(CachePolicy):
 
     def stats(self) -> Mapping[str, float]:
         return {
-            "blocks": len(self._statuses),
+            "blocks": len(self._blocks),
             "evictable": self._listed,
             "user_pinned": len(self._user_pinned),
             "expired_waiting": len(self._expired),

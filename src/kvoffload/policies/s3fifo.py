@@ -44,14 +44,14 @@ reinsertions and victims on the side, and only then commits the plan.
 from __future__ import annotations
 
 from collections import OrderedDict, deque
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping
 from itertools import islice
 
+from kvoffload._checks import check_int, check_number
 from kvoffload.context import ReqContext
 from kvoffload.keys import OffloadKey
-from kvoffload.policies.base import BlockStatus, CachePolicy, Victims
-from kvoffload.policies.params import check_int, check_number
-from kvoffload.policies.victims import protected_disjoint, ref_count
+from kvoffload.policies.base import BlockStatus, CachePolicy, Victims, already_stored
+from kvoffload.policies.victims import protected_disjoint
 
 _MAX_FREQ = 3  # 2-bit counters
 
@@ -85,7 +85,6 @@ class S3FIFOCachePolicy(CachePolicy):
         )
         self._small_limit = max(1, int(cache_capacity * self.small_size_ratio))
         self._ghost_limit = int(cache_capacity * self.ghost_size_ratio)
-        self._blocks: dict[OffloadKey, BlockStatus] = {}
         self._freq: dict[OffloadKey, int] = {}
         # Both FIFOs hold every resident block (pinned and pending too), oldest first.
         self._small: OrderedDict[OffloadKey, None] = OrderedDict()
@@ -97,18 +96,11 @@ class S3FIFOCachePolicy(CachePolicy):
         self._evictable_main: set[OffloadKey] = set()
 
     # ------------------------------------------------------------------ basic operations
-    def get(self, key: OffloadKey) -> BlockStatus | None:
-        return self._blocks.get(key)
-
-    @property
-    def block_table(self) -> Mapping[OffloadKey, BlockStatus]:
-        return self._blocks
-
     def insert(
         self, key: OffloadKey, block: BlockStatus, req_context: ReqContext | None = None
     ) -> None:
         if key in self._blocks:
-            raise ValueError(f"insert: key {key!r} is already stored; remove it first")
+            raise already_stored(key)
         ghost_hit = self._ghost_hits.pop(key, 0) is None
         if self._ghost.pop(key, 0) is None:  # inserted without a touch: still a ghost hit
             ghost_hit = True
@@ -122,41 +114,6 @@ class S3FIFOCachePolicy(CachePolicy):
         queue[key] = None
         if block.ref_cnt == 0:
             evictable.add(key)
-
-    def insert_many(
-        self,
-        keys: Sequence[OffloadKey],
-        blocks: Sequence[BlockStatus],
-        req_context: ReqContext | None = None,
-    ) -> None:
-        stored = self._blocks
-        fresh = dict.fromkeys(keys, 0)
-        if (
-            type(self).insert is not S3FIFOCachePolicy.insert  # a subclass hooks insert
-            or len(fresh) != len(keys)  # a key repeated: the second insert raises
-            or len(keys) != len(blocks)
-            or not stored.keys().isdisjoint(keys)  # already stored: insert raises
-            or 0 in map(ref_count, blocks)  # ready blocks (rare): the single calls
-        ):
-            super().insert_many(keys, blocks, req_context)
-            return
-        stored.update(zip(keys, blocks, strict=True))
-        self._freq.update(fresh)
-        small = self._small
-        ghost_hits, ghost = self._ghost_hits, self._ghost
-        if ghost_hits.keys().isdisjoint(keys) and ghost.keys().isdisjoint(keys):
-            for key in keys:  # the usual case: every key enters S
-                small[key] = None
-            return
-        main = self._main
-        for key in keys:
-            ghost_hit = ghost_hits.pop(key, 0) is None
-            if ghost.pop(key, 0) is None:  # inserted without a touch: still a ghost hit
-                ghost_hit = True
-            if ghost_hit:
-                main[key] = None
-            else:
-                small[key] = None
 
     def remove(self, key: OffloadKey) -> None:
         if self._blocks.pop(key, None) is None:

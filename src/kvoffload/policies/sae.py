@@ -55,9 +55,10 @@ from collections import OrderedDict
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from itertools import islice
 
+from kvoffload._checks import check_int, check_number
 from kvoffload.context import ReqContext
 from kvoffload.keys import OffloadKey
-from kvoffload.policies.base import BlockStatus, CachePolicy, Victims
+from kvoffload.policies.base import BlockStatus, CachePolicy, Victims, already_stored
 from kvoffload.policies.victims import protected_disjoint
 
 _INSTANCE_IDS = itertools.count()
@@ -113,28 +114,6 @@ class _Requests(dict[int, _Request]):
     """Per-request state kept in the ``ReqContext``, one per policy instance."""
 
 
-def _positive_number(name: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise ValueError(f"{name} must be a number > 0, got {value!r}")
-    if math.isinf(value):
-        raise ValueError(f"{name} must be finite, got {value!r}")
-    return float(value)
-
-
-def _non_negative_number(name: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
-        raise ValueError(f"{name} must be a number >= 0, got {value!r}")
-    if math.isinf(value):
-        raise ValueError(f"{name} must be finite, got {value!r}")
-    return float(value)
-
-
-def _positive_int(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
-    return value
-
-
 class SAECachePolicy(CachePolicy):
     """Session-aware eviction (vLLM PR #50422): evicts the weakest sessions, tail first."""
 
@@ -156,33 +135,26 @@ class SAECachePolicy(CachePolicy):
         ghost_capacity: int | None = None,
     ) -> None:
         super().__init__(cache_capacity)
-        self.decay_interval = _positive_int("decay_interval", decay_interval)
-        self.decay_factor = _positive_number("decay_factor", decay_factor)
-        if self.decay_factor > 1:
-            raise ValueError(f"decay_factor must be in (0, 1], got {decay_factor!r}")
-        self.ghost_hit_weight = _non_negative_number("ghost_hit_weight", ghost_hit_weight)
-        self.ghost_miss_weight = _non_negative_number("ghost_miss_weight", ghost_miss_weight)
-        self.ghost_norm = _positive_number("ghost_norm", ghost_norm)
-        self.touch_weight = _non_negative_number("touch_weight", touch_weight)
-        self.depth_bonus = _non_negative_number("depth_bonus", depth_bonus)
-        self.depth_half_life = _positive_number("depth_half_life", depth_half_life)
-        self.ghost_prune_threshold = _non_negative_number(
-            "ghost_prune_threshold", ghost_prune_threshold
+        self.decay_interval = check_int("decay_interval", decay_interval, 1)
+        self.decay_factor = check_number("decay_factor", decay_factor, 0, 1, low_open=True)
+        self.ghost_hit_weight = check_number("ghost_hit_weight", ghost_hit_weight, 0)
+        self.ghost_miss_weight = check_number("ghost_miss_weight", ghost_miss_weight, 0)
+        self.ghost_norm = check_number("ghost_norm", ghost_norm, 0, low_open=True)
+        self.touch_weight = check_number("touch_weight", touch_weight, 0)
+        self.depth_bonus = check_number("depth_bonus", depth_bonus, 0)
+        self.depth_half_life = check_number("depth_half_life", depth_half_life, 0, low_open=True)
+        self.ghost_prune_threshold = check_number("ghost_prune_threshold", ghost_prune_threshold, 0)
+        self.ghost_capacity = (
+            cache_capacity
+            if ghost_capacity is None
+            else check_int("ghost_capacity", ghost_capacity, 0, or_none=True)
         )
-        if ghost_capacity is None:
-            ghost_capacity = cache_capacity
-        elif isinstance(ghost_capacity, bool) or not isinstance(ghost_capacity, int):
-            raise ValueError(f"ghost_capacity must be an int >= 0 or None, got {ghost_capacity!r}")
-        if ghost_capacity < 0:
-            raise ValueError(f"ghost_capacity must be >= 0, got {ghost_capacity}")
-        self.ghost_capacity = ghost_capacity
 
         self._id = next(_INSTANCE_IDS)
         self._epoch = 0  # bumped by clear: older per-request state is ignored
         self._next_sid = 0  # never reset, so a stale session id cannot alias a new session
         # Stored blocks, one dict per field: status, owning session (the scaled ghost score, and
         # whether a block is evictable, are kept in its session: ``keys``, ``busy``).
-        self._statuses: dict[OffloadKey, BlockStatus] = {}
         self._session_of: dict[OffloadKey, _Session] = {}
         self._sessions: dict[int, _Session] = {}
         self._named: dict[str, _Session] = {}
@@ -330,25 +302,18 @@ class SAECachePolicy(CachePolicy):
         self._rebuild_heap()
 
     # ------------------------------------------------------------------ the contract
-    def get(self, key: OffloadKey) -> BlockStatus | None:
-        return self._statuses.get(key)
-
-    @property
-    def block_table(self) -> Mapping[OffloadKey, BlockStatus]:
-        return self._statuses
-
     def insert(
         self, key: OffloadKey, block: BlockStatus, req_context: ReqContext | None = None
     ) -> None:
-        if key in self._session_of:
-            self.remove(key)
+        if key in self._blocks:
+            raise already_stored(key)
         state = self._request(req_context)
         session = state.session
         if session is None or not session.alive:
             session = self._session_for_insert(state, req_context)
         stored_ghost = self._ghosts.pop(key, 0.0)
         ghost = self._ghost_value(stored_ghost)
-        self._statuses[key] = block
+        self._blocks[key] = block
         self._session_of[key] = session
         session.keys[key] = stored_ghost if ghost else 0.0
         if state.fresh and ghost:
@@ -366,19 +331,14 @@ class SAECachePolicy(CachePolicy):
         blocks: Sequence[BlockStatus],
         req_context: ReqContext | None = None,
     ) -> None:
-        if type(self).insert is not SAECachePolicy.insert:  # a subclass hooks insert: honour it
-            super().insert_many(keys, blocks, req_context)
-            return
-        # insert for each key, with the request's state and session looked up once (again
-        # only after a removal, which may drop the session); ghost_of: the session's ghosts.
-        statuses, session_of, ghosts = self._statuses, self._session_of, self._ghosts
+        self._require_absent(keys)
+        # insert for each key, with the request's state and session looked up once;
+        # ghost_of: the session's ghosts.
+        statuses, session_of, ghosts = self._blocks, self._session_of, self._ghosts
         scale, threshold, norm = self._scale, self.ghost_prune_threshold, self.ghost_norm
         state = self._request(req_context)
         session: _Session | None = None
         for key, block in zip(keys, blocks, strict=True):
-            if key in session_of:
-                self.remove(key)
-                session = None
             if session is None:
                 session = state.session
                 if session is None or not session.alive:
@@ -405,7 +365,7 @@ class SAECachePolicy(CachePolicy):
         session = self._session_of.pop(key, None)
         if session is None:
             return
-        del self._statuses[key], session.keys[key]
+        del self._blocks[key], session.keys[key]
         if key in session.busy:
             session.busy.remove(key)
         else:
@@ -420,7 +380,7 @@ class SAECachePolicy(CachePolicy):
         state = self._request(req_context)
         self._time += 1
         now = self._time
-        session_of, statuses = self._session_of, self._statuses
+        session_of, statuses = self._session_of, self._blocks
         ghosts, scale = self._ghosts, self._scale
         hit_weight, miss_weight = self.ghost_hit_weight, self.ghost_miss_weight
         threshold, capacity = self.ghost_prune_threshold, self.ghost_capacity
@@ -513,7 +473,7 @@ class SAECachePolicy(CachePolicy):
         ``taken`` holds each session with its chosen blocks, in order: a session's counters
         change once for all of them (and a session left without blocks is dropped).
         """
-        session_of, pop_status, ghosts = self._session_of, self._statuses.pop, self._ghosts
+        session_of, pop_status, ghosts = self._session_of, self._blocks.pop, self._ghosts
         remember = self.ghost_capacity > 0
         victims: Victims = []
         append = victims.append
@@ -534,7 +494,7 @@ class SAECachePolicy(CachePolicy):
 
     def clear(self) -> None:
         self._epoch += 1
-        self._statuses.clear()
+        self._blocks.clear()
         self._session_of.clear()
         self._sessions.clear()
         self._named.clear()
@@ -556,9 +516,6 @@ class SAECachePolicy(CachePolicy):
         self._queue(session)
 
     def mark_evictable_many(self, keys: Sequence[OffloadKey]) -> None:
-        if type(self).mark_evictable is not SAECachePolicy.mark_evictable:  # a subclass hook
-            super().mark_evictable_many(keys)
-            return
         session_of = self._session_of
         if not keys:
             return
@@ -606,7 +563,7 @@ class SAECachePolicy(CachePolicy):
         Yes when no eviction is needed, when the request continues a live session, or when a
         new session's score (``now + depth bonus``) is at least the worst resident session's.
         """
-        if len(self._statuses) + num_new_blocks <= self.cache_capacity:
+        if len(self._blocks) + num_new_blocks <= self.cache_capacity:
             return True
         state = self._request(req_context)
         if state.session is not None and state.session.alive:
@@ -637,7 +594,7 @@ class SAECachePolicy(CachePolicy):
 
     def stats(self) -> Mapping[str, float]:
         return {
-            "blocks": len(self._statuses),
+            "blocks": len(self._blocks),
             "evictable": self._num_evictable,
             "sessions": len(self._sessions),
             "ghosts": len(self._ghosts),

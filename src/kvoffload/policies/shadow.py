@@ -29,11 +29,11 @@ import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from kvoffload._checks import check_int, check_number
 from kvoffload.context import ReqContext
 from kvoffload.keys import OffloadKey
 from kvoffload.policies.base import BlockStatus, CachePolicy
 from kvoffload.policies.factory import create_cache_policy
-from kvoffload.policies.params import check_int, check_number
 
 _HASH_SPACE = 1 << 32
 _MIX = 0x9E3779B1  # odd multiplier: breaks CRC32's linearity over consecutive ids

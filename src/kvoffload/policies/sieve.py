@@ -23,7 +23,7 @@ from collections.abc import Collection, Iterable, Mapping
 
 from kvoffload.context import ReqContext
 from kvoffload.keys import OffloadKey
-from kvoffload.policies.base import BlockStatus, CachePolicy, Victims
+from kvoffload.policies.base import BlockStatus, CachePolicy, Victims, already_stored
 
 
 class _Node:
@@ -52,15 +52,11 @@ class SieveCachePolicy(CachePolicy):
         self._hand: _Node | None = None  # None: the next sweep starts at the old end
         self._evictable: set[OffloadKey] = set()
 
-    def get(self, key: OffloadKey) -> BlockStatus | None:
-        node = self._nodes.get(key)
-        return None if node is None else node.status
-
     def insert(
         self, key: OffloadKey, block: BlockStatus, req_context: ReqContext | None = None
     ) -> None:
-        if key in self._nodes:
-            raise ValueError(f"insert: key {key!r} is already stored; remove it first")
+        if key in self._blocks:
+            raise already_stored(key)
         node = _Node(key, block)
         node.older = self._newest
         if self._newest is None:
@@ -69,12 +65,14 @@ class SieveCachePolicy(CachePolicy):
             self._newest.newer = node
         self._newest = node
         self._nodes[key] = node
+        self._blocks[key] = block
         if block.ref_cnt == 0:
             self._evictable.add(key)
 
     def remove(self, key: OffloadKey) -> None:
         node = self._nodes.pop(key, None)
         if node is not None:
+            del self._blocks[key]
             self._evictable.discard(key)
             self._unlink(node)
 
@@ -127,7 +125,7 @@ class SieveCachePolicy(CachePolicy):
             passed.visited = False
         victims: Victims = []
         for victim in chosen:
-            del self._nodes[victim.key]
+            del self._nodes[victim.key], self._blocks[victim.key]
             evictable.remove(victim.key)
             self._unlink(victim)
             victims.append((victim.key, victim.status))
@@ -136,6 +134,7 @@ class SieveCachePolicy(CachePolicy):
 
     def clear(self) -> None:
         self._nodes.clear()
+        self._blocks.clear()
         self._evictable.clear()
         self._oldest = self._newest = self._hand = None
 

@@ -31,10 +31,10 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Collection, Iterable, Mapping
 
+from kvoffload._checks import check_bool, check_int, check_number
 from kvoffload.context import ReqContext
 from kvoffload.keys import OffloadKey
-from kvoffload.policies.base import BlockStatus, CachePolicy, Victims
-from kvoffload.policies.params import check_int, check_number
+from kvoffload.policies.base import BlockStatus, CachePolicy, Victims, already_stored
 from kvoffload.policies.victims import first_unprotected
 
 
@@ -62,13 +62,11 @@ class SLRUCachePolicy(CachePolicy):
         check_number(
             "protected_ratio", protected_ratio, 0, 1, high_open=True, why=" (probation needs room)"
         )
-        if not isinstance(fill_free_segments, bool):
-            raise TypeError("fill_free_segments must be True or False")
+        check_bool("fill_free_segments", fill_free_segments)
         self.protected_ratio = float(protected_ratio)
         self.num_segments = num_segments
         self.fill_free_segments = fill_free_segments
         self._limits = segment_limits(cache_capacity, num_segments, self.protected_ratio)
-        self._blocks: dict[OffloadKey, BlockStatus] = {}
         self._level: dict[OffloadKey, int] = {}
         self._sizes = [0] * num_segments  # resident blocks per level, pinned included
         # Evictable blocks per level, LRU first.
@@ -81,12 +79,11 @@ class SLRUCachePolicy(CachePolicy):
         """Resident blocks per level, probation first (pinned blocks included)."""
         return tuple(self._sizes)
 
-    def get(self, key: OffloadKey) -> BlockStatus | None:
-        return self._blocks.get(key)
-
     def insert(
         self, key: OffloadKey, block: BlockStatus, req_context: ReqContext | None = None
     ) -> None:
+        if key in self._blocks:
+            raise already_stored(key)
         level = 0
         if self.fill_free_segments:
             for i, (size, limit) in enumerate(zip(self._sizes, self._limits, strict=True)):

@@ -18,9 +18,11 @@ misses. Here such a cache still works (A1in simply gives up its block on every e
 
 Protocol notes: a ghost hit is recognised in ``touch`` (the key leaves A1out before the
 eviction that makes room for it, as in the paper and in libCacheSim) and the key is stored
-into Am by the ``insert`` that follows. Pinned and pending blocks are not in the eviction
-orders; they still count toward A1in's share. A block that becomes evictable again (store
-or load completed) re-enters its queue at the young end.
+into Am by the ``insert`` that follows. A block enters its queue at the young end when its
+store completes (pending blocks are not in the queues; they still count toward A1in's
+share). A pin is not an access: a load's pin and unpin leave the block where it is (pinned
+blocks are skipped by eviction), so blocks mode through the manager makes exactly the
+decisions of the policy driven alone.
 """
 
 from __future__ import annotations
@@ -28,10 +30,10 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Collection, Iterable, Mapping
 
+from kvoffload._checks import check_number
 from kvoffload.context import ReqContext
 from kvoffload.keys import OffloadKey
-from kvoffload.policies.base import BlockStatus, CachePolicy, Victims
-from kvoffload.policies.params import check_number
+from kvoffload.policies.base import BlockStatus, CachePolicy, Victims, already_stored
 from kvoffload.policies.victims import next_unprotected
 
 
@@ -48,20 +50,19 @@ class TwoQCachePolicy(CachePolicy):
         self.a_out_ratio = check_number("a_out_ratio", a_out_ratio, 0, 16.0)
         self._in_limit = int(cache_capacity * self.a_in_ratio)
         self._out_limit = int(cache_capacity * self.a_out_ratio)
-        self._blocks: dict[OffloadKey, BlockStatus] = {}
         self._in_members: set[OffloadKey] = set()  # every resident A1in block, pinned or not
-        self._in_order: OrderedDict[OffloadKey, None] = OrderedDict()  # evictable, oldest first
-        self._am_order: OrderedDict[OffloadKey, None] = OrderedDict()  # evictable, LRU first
+        self._in_order: OrderedDict[OffloadKey, None] = OrderedDict()  # ready, oldest first
+        self._am_order: OrderedDict[OffloadKey, None] = OrderedDict()  # ready, LRU first
+        self._pinned: set[OffloadKey] = set()  # ready blocks being read (kept in their order)
         self._out: OrderedDict[OffloadKey, None] = OrderedDict()  # ghosts, oldest first
         # Keys whose ghost was hit by ``touch`` and that go to Am when inserted.
         self._reused: OrderedDict[OffloadKey, None] = OrderedDict()
 
-    def get(self, key: OffloadKey) -> BlockStatus | None:
-        return self._blocks.get(key)
-
     def insert(
         self, key: OffloadKey, block: BlockStatus, req_context: ReqContext | None = None
     ) -> None:
+        if key in self._blocks:
+            raise already_stored(key)
         reused = self._reused.pop(key, 0) is None
         if self._out.pop(key, 0) is None:  # inserted without a touch: still a ghost hit
             reused = True
@@ -76,6 +77,7 @@ class TwoQCachePolicy(CachePolicy):
 
     def remove(self, key: OffloadKey) -> None:
         if self._blocks.pop(key, None) is not None:
+            self._pinned.discard(key)
             self._in_members.discard(key)
             self._in_order.pop(key, None)
             self._am_order.pop(key, None)
@@ -95,8 +97,11 @@ class TwoQCachePolicy(CachePolicy):
     def evict(self, n: int, protected: Collection[OffloadKey]) -> Victims | None:
         if n <= 0:
             return []
-        if n > len(self._in_order) + len(self._am_order):
+        pinned = self._pinned
+        if n > len(self._in_order) + len(self._am_order) - len(pinned):
             return None
+        if pinned:
+            protected = pinned.union(protected)
         in_iter, am_iter = iter(self._in_order), iter(self._am_order)
         in_size = len(self._in_members)
         am_size = len(self._blocks) - in_size
@@ -145,24 +150,28 @@ class TwoQCachePolicy(CachePolicy):
             self._am_order,
             self._out,
             self._reused,
+            self._pinned,
         ):
             container.clear()
 
     def mark_evictable(self, key: OffloadKey) -> None:
         if key not in self._blocks:
             return
+        if key in self._pinned:  # a load ended: not an access, the block stays where it is
+            self._pinned.discard(key)
+            return
         order = self._in_order if key in self._in_members else self._am_order
-        order[key] = None
-        order.move_to_end(key)
+        if key not in order:  # its store completed: it joins the young end
+            order[key] = None
 
     def mark_non_evictable(self, key: OffloadKey) -> None:
-        self._in_order.pop(key, None)
-        self._am_order.pop(key, None)
+        if key in self._in_order or key in self._am_order:
+            self._pinned.add(key)
 
     def stats(self) -> Mapping[str, float]:
         return {
             "a1in_size": len(self._in_members),
             "am_size": len(self._blocks) - len(self._in_members),
             "a1out_size": len(self._out),
-            "evictable": len(self._in_order) + len(self._am_order),
+            "evictable": len(self._in_order) + len(self._am_order) - len(self._pinned),
         }

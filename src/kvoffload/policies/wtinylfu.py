@@ -33,15 +33,15 @@ so a failed ``evict`` changes nothing.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping
 from itertools import islice
 
+from kvoffload._checks import check_bool, check_int, check_number
 from kvoffload.context import ReqContext
 from kvoffload.keys import OffloadKey
-from kvoffload.policies.base import BlockStatus, CachePolicy, Victims
+from kvoffload.policies.base import BlockStatus, CachePolicy, Victims, already_stored
 from kvoffload.policies.frequency_sketch import FrequencySketch
-from kvoffload.policies.params import check_int, check_number
-from kvoffload.policies.victims import protected_disjoint, ref_count
+from kvoffload.policies.victims import protected_disjoint
 
 WINDOW, PROBATION, PROTECTED = 0, 1, 2
 STEP_FRACTION = 0.0625
@@ -67,8 +67,8 @@ class WTinyLFUCachePolicy(CachePolicy):
         super().__init__(cache_capacity)
         self.window_ratio = check_number("window_ratio", window_ratio, 0.0, 1.0)
         self.protected_ratio = check_number("protected_ratio", protected_ratio, 0.0, 1.0)
-        if not isinstance(adaptive, bool) or not isinstance(doorkeeper, bool):
-            raise TypeError("adaptive and doorkeeper must be True or False")
+        check_bool("adaptive", adaptive)
+        check_bool("doorkeeper", doorkeeper)
         self.sample_factor = check_int(
             "sample_factor", sample_factor, 1, 1000, why=" (uses per capacity between agings)"
         )
@@ -77,7 +77,6 @@ class WTinyLFUCachePolicy(CachePolicy):
         self._sketch = FrequencySketch(
             cache_capacity, sample_size=self._sample_size, doorkeeper=doorkeeper
         )
-        self._blocks: dict[OffloadKey, BlockStatus] = {}
         # Per region, the blocks that are not evictable (pending or pinned); an evictable
         # block's region is the order that holds it.
         self._parked: tuple[set[OffloadKey], ...] = (set(), set(), set())
@@ -109,44 +108,17 @@ class WTinyLFUCachePolicy(CachePolicy):
         """Current window size target in blocks (moves when ``adaptive``)."""
         return self._window_limit
 
-    def get(self, key: OffloadKey) -> BlockStatus | None:
-        return self._blocks.get(key)
-
-    @property
-    def block_table(self) -> Mapping[OffloadKey, BlockStatus]:
-        return self._blocks
-
     def insert(
         self, key: OffloadKey, block: BlockStatus, req_context: ReqContext | None = None
     ) -> None:
+        if key in self._blocks:
+            raise already_stored(key)
         self._blocks[key] = block
         self._sizes[WINDOW] += 1
         if block.ref_cnt == 0:
             self._orders[WINDOW][key] = None
         else:
             self._parked[WINDOW].add(key)
-
-    def insert_many(
-        self,
-        keys: Sequence[OffloadKey],
-        blocks: Sequence[BlockStatus],
-        req_context: ReqContext | None = None,
-    ) -> None:
-        if type(self).insert is not WTinyLFUCachePolicy.insert:  # a subclass hooks insert
-            super().insert_many(keys, blocks, req_context)
-            return
-        self._blocks.update(zip(keys, blocks, strict=True))
-        self._sizes[WINDOW] += len(keys)
-        parked = self._parked[WINDOW]
-        if 0 not in map(ref_count, blocks):  # the usual case: the manager inserts pending blocks
-            parked.update(keys)
-            return
-        window = self._orders[WINDOW]
-        for key, block in zip(keys, blocks, strict=True):
-            if block.ref_cnt == 0:
-                window[key] = None
-            else:
-                parked.add(key)
 
     def _region_of(self, key: OffloadKey) -> int | None:
         """The region of a stored block, ``None`` if not stored."""
@@ -362,23 +334,6 @@ class WTinyLFUCachePolicy(CachePolicy):
         where = self._region_of(key)  # already evictable (or not stored)
         if where is not None:
             self._orders[where].move_to_end(key)
-
-    def mark_evictable_many(self, keys: Sequence[OffloadKey]) -> None:
-        if type(self).mark_evictable is not WTinyLFUCachePolicy.mark_evictable:  # a subclass hook
-            super().mark_evictable_many(keys)
-            return
-        parked = self._parked[WINDOW]
-        if len(keys) > 1 and parked.issuperset(keys):  # the usual case: stores just completed
-            before = len(parked)
-            parked.difference_update(keys)
-            if before - len(parked) == len(keys):  # no key repeated: each lands at the end
-                window = self._orders[WINDOW]
-                for key in keys:
-                    window[key] = None
-                return
-            parked.update(keys)  # undo: one at a time below
-        for key in keys:
-            self.mark_evictable(key)
 
     def mark_non_evictable(self, key: OffloadKey) -> None:
         window, probation, protected = self._orders

@@ -21,6 +21,10 @@ the capacity, the seed and the step when the policy:
 * changes any state in ``get`` (same twin technique) or returns a wrong status from it;
 * decides differently after ``insert_many`` / ``mark_evictable_many`` than after the same
   single calls (twin technique);
+* accepts an ``insert`` of a stored key (or one key twice in an ``insert_many``) instead of
+  raising ``ValueError``, or changes anything before raising (twin technique);
+* decides differently when a hit is followed at once by a load's pin and unpin than when it
+  is only touched: a pin is not an access (twin technique);
 * keeps traces after ``remove`` / ``clear`` (a removed key returned later, state not back to a
   fresh instance's size, a cleared instance deciding differently from a fresh one);
 * grows ghost or history state without bound as new keys stream through.
@@ -271,6 +275,47 @@ class _Driver:
         keys = self.rng.sample(list(model), self.rng.randint(1, min(3, len(model))))
         self.touch(keys)
 
+    def hit_and_load(self) -> None:
+        """Blocks-mode hits: each key touched alone, then (primary only) pinned and unpinned
+        at once, as a load that starts and ends; the twin sees the touches alone."""
+        ready = self.keys_with(lambda s: s.ref_cnt == 0)
+        if not ready:
+            return
+        for key in self.rng.sample(ready, self.rng.randint(1, min(3, len(ready)))):
+            for inst in self.instances:
+                inst.policy.touch([key])
+            status = self.primary.status[key]
+            status.ref_cnt = 1
+            self.primary.policy.mark_non_evictable(key)
+            status.ref_cnt = 0
+            self.primary.policy.mark_evictable(key)
+
+    def primary_double_insert(self) -> None:
+        """Inserting stored keys on the primary only: each call must raise ``ValueError``."""
+        model = self.model()
+        if not model:
+            return
+        key = self.rng.choice(list(model))
+        policy = self.primary.policy
+        fresh = _key(10**9 + self.step)
+        for call, args in (
+            ("insert", (key, BlockStatus(10**6, -1))),
+            ("insert_many", ([fresh, key], [BlockStatus(10**6, -1), BlockStatus(10**6 + 1, -1)])),
+            ("insert_many", ([fresh, fresh], [BlockStatus(10**6, -1), BlockStatus(10**6 + 1, -1)])),
+        ):
+            try:
+                getattr(policy, call)(*args)
+            except ValueError:
+                pass
+            else:
+                raise self.fail(
+                    "inserting a stored key raises ValueError", f"{call}{args[0]!r} did not raise"
+                )
+            if policy.get(key) is not model[key] or policy.get(fresh) is not None:
+                raise self.fail(
+                    "a refused insert changes nothing", f"{call} changed the table before raising"
+                )
+
     def random_evict(self) -> None:
         model = self.model()
         protected = set(self.rng.sample(list(model), self.rng.randint(0, len(model) // 2)))
@@ -419,6 +464,34 @@ def check_batches_match_singles(
         driver.random_step()
 
 
+def check_double_insert_raises(
+    make: PolicyMaker, name: str, capacity: int, seed: int, steps: int, allow_refusal: bool
+) -> None:
+    """Inserting a stored key (or one key twice in a batch) raises ``ValueError`` and changes
+    nothing: a twin that never saw the refused calls decides identically."""
+    driver = _Driver(make, capacity, seed, name, allow_refusal)
+    driver.add_twin()
+    driver.divergence_rule = "a refused insert changes nothing"
+    for _ in range(steps):
+        if driver.rng.random() < 0.3:
+            driver.primary_double_insert()
+        driver.random_step()
+
+
+def check_pin_is_not_an_access(
+    make: PolicyMaker, name: str, capacity: int, seed: int, steps: int, allow_refusal: bool
+) -> None:
+    """A load's pin and unpin right after its hit change nothing: a twin that only touched
+    decides identically (so blocks mode through a manager equals the policy driven alone)."""
+    driver = _Driver(make, capacity, seed, name, allow_refusal)
+    driver.add_twin()
+    driver.divergence_rule = "a pin is not an access (pin + unpin after a hit changed a decision)"
+    for _ in range(steps):
+        if driver.rng.random() < 0.3:
+            driver.hit_and_load()
+        driver.random_step()
+
+
 def check_clear_resets(
     make: PolicyMaker, name: str, capacity: int, seed: int, steps: int, allow_refusal: bool
 ) -> None:
@@ -504,6 +577,8 @@ ALL_CHECKS = (
     check_failed_evict_is_atomic,
     check_get_is_pure,
     check_batches_match_singles,
+    check_double_insert_raises,
+    check_pin_is_not_an_access,
     check_clear_resets,
     check_remove_leaves_no_trace,
     check_history_is_bounded,
@@ -562,6 +637,12 @@ class PolicyConformanceSuite:
     def test_batches_match_singles(self) -> None:
         self._run(check_batches_match_singles)
 
+    def test_double_insert_raises(self) -> None:
+        self._run(check_double_insert_raises)
+
+    def test_pin_is_not_an_access(self) -> None:
+        self._run(check_pin_is_not_an_access)
+
     def test_clear_resets(self) -> None:
         self._run(check_clear_resets)
 
@@ -578,10 +659,12 @@ __all__ = [
     "PolicyConformanceSuite",
     "check_batches_match_singles",
     "check_clear_resets",
+    "check_double_insert_raises",
     "check_evict_contract",
     "check_failed_evict_is_atomic",
     "check_get_is_pure",
     "check_history_is_bounded",
+    "check_pin_is_not_an_access",
     "check_policy_conformance",
     "check_remove_leaves_no_trace",
 ]
