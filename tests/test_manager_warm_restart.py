@@ -8,28 +8,13 @@ import pytest
 
 from kvoffload import CPUOffloadingManager, LookupResult, ReqContext
 from kvoffload.keys import OffloadKey, int_key
-from kvoffload.policies import create_cache_policy
+from kvoffload.policies import CachePolicyFactory
 from kvoffload.sim.records import Trace
 from kvoffload.sim.replay import make_context
 from kvoffload.sim.workloads import WorkloadConfig, generate_workload
 
-#: Policies with a block table on this branch (every built-in has one once the base owns it).
-POLICIES = [
-    name
-    for name in (
-        "lru",
-        "arc",
-        "s3fifo",
-        "mq",
-        "lirs",
-        "wtinylfu",
-        "kvaware",
-        "lecar",
-        "sieve",
-        "auto",
-    )
-    if create_cache_policy(name, 4, None, {}).block_table is not None
-]
+#: Every built-in: the state is generic, so each one's order, counts and ghosts survive.
+POLICIES = CachePolicyFactory.registered_names()
 
 
 @pytest.fixture(scope="module")
