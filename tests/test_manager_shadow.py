@@ -112,3 +112,22 @@ def test_shadow_gauges_reach_prometheus() -> None:
     )
     assert mq == pytest.approx(gauges["shadow_mq(lifetime=50)_hit_ratio"])
     assert registry.get_sample_value("kvoffload_policy_switches_total", {"tier": "cpu"}) == 0
+
+
+def test_auto_gauges_and_the_switch_counter_are_distinct_metrics() -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from kvoffload.metrics import register_manager_metrics
+
+    m = CPUOffloadingManager(64, cache_policy="auto")
+    registry = CollectorRegistry()
+    register_manager_metrics(m, registry=registry)
+    lines = [
+        line
+        for line in generate_latest(registry).decode().splitlines()
+        if "switches" in line and not line.startswith("#")
+    ]
+    assert sorted(name.split(" ")[0] for name in lines) == [
+        "kvoffload_policy_auto_switches",
+        "kvoffload_policy_switches_total",
+    ]
