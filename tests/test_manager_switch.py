@@ -153,3 +153,22 @@ def test_switch_after_shutdown_raises() -> None:
     m.shutdown()
     with pytest.raises(RuntimeError, match="shut down"):
         m.switch_policy("arc")
+
+
+def test_a_thread_safe_manager_switches_under_its_lock() -> None:
+    import threading
+
+    m = CPUOffloadingManager(8, cache_policy="lru", thread_safe=True)
+    done = threading.Event()
+
+    def switch() -> None:
+        m.switch_policy("arc")
+        done.set()
+
+    with m._lock:  # another call in progress
+        worker = threading.Thread(target=switch)
+        worker.start()
+        assert not done.wait(0.2), "switch_policy ran while another call held the lock"
+        assert type(m.policy).__name__ == "LRUCachePolicy"
+    worker.join(5)
+    assert done.is_set() and type(m.policy).__name__ == "ARCCachePolicy"
