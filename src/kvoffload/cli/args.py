@@ -105,7 +105,7 @@ def add_replay(p: argparse.ArgumentParser) -> None:
         action="append",
         metavar="NAME",
         help="policy name, 'module:Class' or 'all' (repeatable, comma-separated; "
-        "default: every built-in)",
+        "default: every built-in but 'auto', which runs when named)",
     )
     g.add_argument("--policy-module", help="module of an out-of-tree policy class named --policy")
     g.add_argument(

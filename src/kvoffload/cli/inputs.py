@@ -99,9 +99,19 @@ def capacities(args: argparse.Namespace, trace: Trace, default: str) -> list[Cap
     return caps
 
 
+#: Built-ins left out of the default run: ``auto`` replays its candidates' shadows beside its
+#: active policy (several times one policy's cost), so it runs when asked for by name.
+NOT_IN_DEFAULT_RUN = frozenset({"auto"})
+
+
+def default_policy_names() -> list[str]:
+    """The policies a run without ``--policy`` replays: every built-in but the meta-policies."""
+    return [name for name, *_ in BUILTIN_POLICIES if name not in NOT_IN_DEFAULT_RUN]
+
+
 def policy_names(args: argparse.Namespace) -> list[str]:
     names: list[str] = []
-    for item in args.policy or [",".join(name for name, *_ in BUILTIN_POLICIES)]:
+    for item in args.policy or [",".join(default_policy_names())]:
         for name in item.split(","):
             name = name.strip()
             if name == "all":
