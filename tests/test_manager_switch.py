@@ -172,3 +172,31 @@ def test_a_thread_safe_manager_switches_under_its_lock() -> None:
         assert type(m.policy).__name__ == "LRUCachePolicy"
     worker.join(5)
     assert done.is_set() and type(m.policy).__name__ == "ARCCachePolicy"
+
+
+def test_the_moves_run_on_the_requests_clock() -> None:
+    """A policy that keeps time by ``ctx.timestamp`` (kvaware) sees the moves at the latest
+    request's time; without a timestamp it would tick once per moved block and run ahead
+    (at 10% of the shared trace that cost a switch to kvaware 37% of its later hits)."""
+    from kvoffload.policies.lru import LRUCachePolicy
+
+    seen: list[float | None] = []
+
+    class Recording(LRUCachePolicy):
+        def insert(
+            self, key: OffloadKey, block: object, req_context: ReqContext | None = None
+        ) -> None:
+            seen.append(None if req_context is None else req_context.timestamp)
+            super().insert(key, block, req_context)  # type: ignore[arg-type]
+
+    m = CPUOffloadingManager(8)
+    for i, stamp in enumerate((10.0, 12.5, 11.0)):
+        c = ReqContext(req_id=f"r{i}", timestamp=stamp)
+        out = m.prepare_store([k(i)], c)
+        assert out is not None
+        m.complete_store(out.keys_to_store, c)
+    m.switch_policy(Recording(8))
+    assert seen == [11.0, 11.0, 11.0]  # the latest request's time, for every moved block
+    seen.clear()
+    m.switch_policy(Recording(8), req_context=ReqContext(req_id="x", timestamp=99.0))
+    assert seen == [99.0, 99.0, 99.0]

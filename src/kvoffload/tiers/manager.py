@@ -341,12 +341,13 @@ class TieringManager(OffloadingManager):
         self,
         cache_policy: str | CachePolicy,
         cache_policy_module_path: str | None = None,
+        req_context: ReqContext | None = None,
         **params: Any,
     ) -> SwitchReport:
         """Replace the CPU tier's eviction policy live (see
         :meth:`CPUOffloadingManager.switch_policy`): no block dropped, and the blocks held
         for writes to the secondaries stay pinned."""
-        return self.cpu.switch_policy(cache_policy, cache_policy_module_path, **params)
+        return self.cpu.switch_policy(cache_policy, cache_policy_module_path, req_context, **params)
 
     def cpu_slot(self, key: OffloadKey) -> int | None:
         """The CPU slot of a resident key (ready or pending), else ``None``."""
