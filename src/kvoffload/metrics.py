@@ -19,6 +19,14 @@ so a dashboard sums over ``tier`` or picks one. A second manager with the same l
 or with other label names, is a :class:`ValueError` (Prometheus would see a duplicate or a
 mixed series); one manager alone may go unlabelled. A tier that has gauges of its own adds
 families under the same prefix with the same label set.
+
+**A tiering manager** (:func:`register_tiering_metrics`) is its CPU tier as above
+(``tier="cpu"``) plus one series per secondary tier in the ``<prefix>_tier_*`` families
+(lookups, hits, bytes and seconds read and written, drops by ``reason``, evictions, corrupt
+records, used and capacity bytes, breaker state), and its own counters in
+``<prefix>_tiering_*``. Several tiering managers on one registry (one per engine) are told
+apart by their ``labels`` (e.g. ``{"engine": "0"}``); ``docs/tiers.md`` maps the names to
+vLLM's ``vllm:kv_offload_tiering_*``.
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from kvoffload.manager import OffloadingManager
+    from kvoffload.tiers.manager import TieringManager
 
 try:
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -247,4 +256,244 @@ def unregister_manager_metrics(
             del _SHARED[registry][collector.prefix]
 
 
-__all__ = ["ManagerCollector", "register_manager_metrics", "unregister_manager_metrics"]
+# ------------------------------------------------------------------ tiering managers
+
+#: ``<prefix>_tier_<name>`` counters: (stats key of ``TieringStats.tiers[label]``, help).
+_TIER_COUNTERS = {
+    "lookups": ("lookups", "Keys asked of this tier (CPU misses that reached it)."),
+    "hits": ("hits", "Keys this tier had."),
+    "promotions": ("promotions", "Blocks read from this tier into the CPU tier."),
+    "promotion_failures": ("promotion_failures", "Reads from this tier that failed (a miss)."),
+    "blocks_written": ("blocks_written", "Blocks written to this tier."),
+    "write_failures": ("write_failures", "Blocks whose write to this tier failed."),
+    "read_bytes": ("bytes_read", "Payload bytes read from this tier."),
+    "write_bytes": ("bytes_written", "Payload bytes written to this tier."),
+    "read_seconds": ("read_seconds", "Wall seconds of this tier's read jobs (summed)."),
+    "write_seconds": ("write_seconds", "Wall seconds of this tier's write jobs (summed)."),
+    "breaker_trips": ("breaker_trips", "Times this tier's circuit breaker opened."),
+    "stale_completions": ("stale_completions", "Jobs that completed after a reset (ignored)."),
+}
+_TIER_GAUGES = {
+    "breaker_state": ("breaker_gauge", "Circuit breaker: 0 closed, 1 half-open, 2 open."),
+    "jobs_in_flight": ("jobs_in_flight", "Jobs submitted to this tier and not yet polled."),
+    "inflight_bytes": ("inflight_bytes", "Bytes of this tier's jobs in flight."),
+    "write_back_blocks": ("dirty_blocks", "Blocks held in the CPU until this tier has them."),
+}
+#: Figures a tier's own ``stats()`` may report (``medium_*``), exported when it does.
+_MEDIUM_GAUGES = {
+    "used_bytes": "Bytes this tier stores now (records and their headers).",
+    "capacity_bytes": "This tier's byte budget.",
+    "records": "Records this tier stores now.",
+}
+#: ``<prefix>_tiering_<name>`` counters of the manager itself (no ``tier`` label).
+_TIERING_COUNTERS = {
+    "promotion_allocation_failures": "Promotions cut for lack of CPU room.",
+    "retries": "Lookups answered RETRY while a tier's answer was unknown.",
+    "resets": "Calls to reset_cache.",
+    "reset_timeouts": "Resets whose tiers did not drain in time.",
+    "stores_dropped_resetting": "Stores refused while a reset waited for the tiers.",
+}
+
+
+def _medium_evictions(stats: Mapping[str, Any]) -> float:
+    """Records the tier dropped for room: its own count when it keeps one, else ours."""
+    return float(stats.get("medium_evictions", stats.get("tier_evictions", 0)))
+
+
+def _medium_corrupt(stats: Mapping[str, Any]) -> float:
+    """Records found bad and dropped: corrupt or torn (disk), rejected on check (Redis)."""
+    total = 0.0
+    for key, value in stats.items():
+        if key in ("medium_corrupt_records", "medium_torn_records") or key.startswith(
+            "medium_rejected_"
+        ):
+            total += float(value)
+    return total
+
+
+class TieringCollector(Collector):
+    """The secondary tiers of one :class:`~kvoffload.tiers.manager.TieringManager`.
+
+    Register it with :func:`register_tiering_metrics` (which also exports the CPU tier).
+    """
+
+    def __init__(
+        self,
+        manager: TieringManager,
+        prefix: str = "kvoffload",
+        labels: Mapping[str, str] | None = None,
+    ) -> None:
+        self.manager = manager
+        self.prefix = _check_prefix(prefix)
+        self.labels = _check_labels(labels)
+        if "tier" in self.labels or "reason" in self.labels:
+            raise ValueError(
+                "labels: 'tier' and 'reason' are set per series by the tiering metrics; "
+                "name the manager with another label (e.g. engine)"
+            )
+
+    def samples(self) -> Iterator[tuple[str, str, str, dict[str, str], float]]:
+        """``(kind, family, help, extra labels, value)`` for each figure, read now."""
+        stats = self.manager.get_stats()
+        p = f"{self.prefix}_tier"
+        for label, tier in stats.tiers.items():
+            one = {"tier": label}
+            for name, (key, doc) in _TIER_COUNTERS.items():
+                yield "counter", f"{p}_{name}", doc, one, float(tier.get(key, 0))
+            yield (
+                "counter",
+                f"{p}_evictions",
+                "Records this tier evicted for room.",
+                one,
+                (_medium_evictions(tier)),
+            )
+            yield (
+                "counter",
+                f"{p}_corrupt_records",
+                ("Records found corrupt, torn or forged and dropped (never served)."),
+                one,
+                _medium_corrupt(tier),
+            )
+            for reason, count in sorted(tier.get("drops", {}).items()):
+                yield (
+                    "counter",
+                    f"{p}_dropped_blocks",
+                    ("Blocks not written to this tier, by reason."),
+                    {"tier": label, "reason": reason},
+                    float(count),
+                )
+            for name, (key, doc) in _TIER_GAUGES.items():
+                yield "gauge", f"{p}_{name}", doc, one, float(tier.get(key, 0))
+            for name, doc in _MEDIUM_GAUGES.items():
+                value = tier.get(f"medium_{name}")
+                if value is not None:
+                    yield "gauge", f"{p}_{name}", doc, one, float(value)
+        for name, doc in _TIERING_COUNTERS.items():
+            value = stats.tiering.get(name, 0)
+            yield "counter", f"{self.prefix}_tiering_{name}", doc, {}, float(value)
+
+    def collect(self) -> Iterator[Any]:
+        return _tier_families(sorted(self.labels), [self])
+
+
+def _tier_families(label_names: list[str], members: list[TieringCollector]) -> Iterator[Any]:
+    families: dict[str, Any] = {}
+    for member in members:
+        base = [member.labels[n] for n in label_names]
+        for kind, name, doc, extra, value in member.samples():
+            family = families.get(name)
+            if family is None:
+                cls = CounterMetricFamily if kind == "counter" else GaugeMetricFamily
+                family = families[name] = cls(name, doc, labels=[*label_names, *extra])
+            family.add_metric([*base, *extra.values()], value)
+    return iter(families.values())
+
+
+class _SharedTieringCollector(Collector):
+    """Every tiering manager on one registry under one prefix (one label set)."""
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
+        self.label_names: list[str] | None = None
+        self.members: list[TieringCollector] = []
+        self._lock = threading.Lock()
+
+    def add(self, member: TieringCollector) -> None:
+        names = sorted(member.labels)
+        with self._lock:
+            if self.members and names != self.label_names:
+                raise ValueError(
+                    f"labels: tiering managers under prefix {self.prefix!r} on one registry "
+                    f"share one label set; this registry uses {self.label_names}, got {names}"
+                )
+            if any(m.labels == member.labels for m in self.members):
+                raise ValueError(
+                    f"labels: a tiering manager with labels {member.labels} is already "
+                    f"registered under prefix {self.prefix!r} (pass labels={{'engine': ...}})"
+                )
+            self.label_names = names
+            self.members.append(member)
+
+    def remove(self, member: TieringCollector) -> bool:
+        with self._lock:
+            if member not in self.members:
+                return False
+            self.members.remove(member)
+            return True
+
+    def describe(self) -> Iterator[Any]:
+        names = list(self.label_names or ())
+        for name in (*_TIER_COUNTERS, "evictions", "corrupt_records"):
+            yield CounterMetricFamily(f"{self.prefix}_tier_{name}", "", labels=[*names, "tier"])
+        for name in _TIERING_COUNTERS:
+            yield CounterMetricFamily(f"{self.prefix}_tiering_{name}", "", labels=names)
+
+    def collect(self) -> Iterator[Any]:
+        with self._lock:
+            members = list(self.members)
+            names = list(self.label_names or ())
+        return _tier_families(names, members)
+
+
+_SHARED_TIERING: weakref.WeakKeyDictionary[
+    CollectorRegistry, dict[str, _SharedTieringCollector]
+] = weakref.WeakKeyDictionary()
+
+
+def register_tiering_metrics(
+    manager: TieringManager,
+    registry: CollectorRegistry | None = None,
+    prefix: str = "kvoffload",
+    labels: Mapping[str, str] | None = None,
+) -> tuple[ManagerCollector, TieringCollector]:
+    """Export a tiering manager: its CPU tier (``tier="cpu"``) and every secondary tier.
+
+    ``labels`` name the manager (``{"engine": "0"}``) when several share ``registry``; the
+    ``tier`` label is set per series. Returns both collectors for
+    :func:`unregister_tiering_metrics`.
+    """
+    member = TieringCollector(manager, prefix, labels)
+    registry = registry if registry is not None else REGISTRY
+    cpu = register_manager_metrics(manager, registry, prefix, {**member.labels, "tier": "cpu"})
+    try:
+        with _SHARED_LOCK:
+            per_prefix = _SHARED_TIERING.setdefault(registry, {})
+            shared = per_prefix.get(member.prefix)
+            if shared is None:
+                shared = _SharedTieringCollector(member.prefix)
+                shared.add(member)
+                registry.register(shared)
+                per_prefix[member.prefix] = shared
+            else:
+                shared.add(member)
+    except BaseException:
+        unregister_manager_metrics(cpu, registry)
+        raise
+    return cpu, member
+
+
+def unregister_tiering_metrics(
+    collectors: tuple[ManagerCollector, TieringCollector],
+    registry: CollectorRegistry | None = None,
+) -> None:
+    """Stop exporting a tiering manager (what :func:`register_tiering_metrics` returned)."""
+    cpu, member = collectors
+    registry = registry if registry is not None else REGISTRY
+    with _SHARED_LOCK:
+        shared = _SHARED_TIERING.get(registry, {}).get(member.prefix)
+        if shared is None or not shared.remove(member):
+            raise ValueError("collectors: not registered on this registry")
+        if not shared.members:
+            registry.unregister(shared)
+            del _SHARED_TIERING[registry][member.prefix]
+    unregister_manager_metrics(cpu, registry)
+
+
+__all__ = [
+    "ManagerCollector",
+    "TieringCollector",
+    "register_manager_metrics",
+    "register_tiering_metrics",
+    "unregister_manager_metrics",
+    "unregister_tiering_metrics",
+]

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -83,8 +84,16 @@ class KVOffloader:
         layout: the tensors' layout; default ``KVCacheLayout.from_tensors(kv_caches, kind,
             groups)``.
         kind / groups: passed to ``from_tensors`` when ``layout`` is not given.
+        tier_wait_s: with secondary tiers, how long ``lookup`` waits for a prefix's blocks to
+            be promoted into the CPU tier (or for a remote tier's answer) before it counts
+            what is readable by then.
         **config: any other :class:`~kvoffload.spec.OffloadingConfig` key
-            (``blocks_per_chunk``, ``cache_policy_params``, ``store_threshold``, ...).
+            (``blocks_per_chunk``, ``cache_policy_params``, ``store_threshold``, ``tiers``, ...).
+
+    With ``tiers`` configured the manager is a ``TieringManager``: ``lookup`` walks the tiers
+    through its ``lookup_prefix`` (blocks found on disk or in a shared store are promoted into
+    CPU slots and then count as hits), and every call advances it (``step``), so tier reads
+    and writes complete while the engine runs.
     """
 
     def __init__(
@@ -96,8 +105,14 @@ class KVOffloader:
         layout: KVCacheLayout | None = None,
         kind: str | Sequence[str] = "kv_first",
         groups: Sequence[int] | None = None,
+        tier_wait_s: float = 2.0,
         **config: Any,
     ) -> None:
+        if isinstance(tier_wait_s, bool) or not isinstance(tier_wait_s, (int, float)):
+            raise TypeError(f"tier_wait_s must be a number, got {type(tier_wait_s).__name__}")
+        if tier_wait_s < 0:
+            raise ValueError(f"tier_wait_s must be >= 0, got {tier_wait_s}")
+        self.tier_wait_s = float(tier_wait_s)
         if layout is None:
             layout = KVCacheLayout.from_tensors(kv_caches, kind, groups)
         cfg = OffloadingConfig.from_extra_config(
@@ -158,14 +173,43 @@ class KVOffloader:
         self._check_open()
         self._reap()
         keys = self._chunk_keys(block_hashes, group)
-        hits = 0
-        for key in keys:
-            if self.manager.lookup(key, ctx) is not LookupResult.HIT:
-                break
-            hits += 1
+        if hasattr(self.manager, "lookup_prefix"):
+            hits = self._lookup_tiered(keys, ctx)
+        else:
+            hits = 0
+            for key in keys:
+                if self.manager.lookup(key, ctx) is not LookupResult.HIT:
+                    break
+                hits += 1
         self._counts["lookup_blocks"] += len(block_hashes)
         self._counts["hit_blocks"] += hits * self.blocks_per_chunk
         return hits * self.blocks_per_chunk
+
+    def _lookup_tiered(self, keys: list[OffloadKey], ctx: ReqContext | None) -> int:
+        """Leading hits through a tiering manager: promote, wait (bounded), count."""
+        manager: Any = self.manager
+        deadline = time.monotonic() + self.tier_wait_s
+        while True:
+            results = manager.lookup_prefix(keys, ctx)
+            hits = 0
+            while hits < len(results) and results[hits] is LookupResult.HIT:
+                hits += 1
+            waiting = hits < len(results) and results[hits] in (
+                LookupResult.HIT_PENDING,
+                LookupResult.RETRY,
+            )
+            if not waiting or time.monotonic() >= deadline:
+                return hits
+            if results[hits] is LookupResult.RETRY:  # a remote tier's answer is on its way
+                time.sleep(0.001)
+                self._reap()
+                continue
+            # HIT_PENDING: a promotion (or one of our background stores) is landing.
+            while time.monotonic() < deadline:
+                self._reap()
+                if not manager.promotions_in_flight() and not self._stores:
+                    break
+                time.sleep(0.0002)
 
     def load(
         self,
@@ -267,10 +311,18 @@ class KVOffloader:
                 return 0
         return len(blocks)
 
-    def flush(self) -> None:
-        """Wait for every background store and complete it."""
+    def flush(self, tier_timeout_s: float = 30.0) -> None:
+        """Wait for every background store and complete it; with tiers, also wait (up to
+        ``tier_timeout_s``) until the tiers' reads and writes are done."""
         self.worker.wait(list(self._stores))
         self._reap()
+        has_work = getattr(self.manager, "has_pending_work", None)
+        if has_work is None or not hasattr(self.manager, "step"):
+            return
+        deadline = time.monotonic() + tier_timeout_s
+        while has_work() and time.monotonic() < deadline:
+            time.sleep(0.0005)
+            self._reap()
 
     def reset(self) -> None:
         """Drop every offloaded block. Background stores still finish: the manager keeps
@@ -304,8 +356,8 @@ class KVOffloader:
         self.flush()
         self._closed = True
         self.worker.shutdown()
+        self.manager.shutdown()  # drains the tiers, which read and write the host buffer
         self.worker.host.close()
-        self.manager.shutdown()
 
     def __enter__(self) -> KVOffloader:
         return self
@@ -315,7 +367,8 @@ class KVOffloader:
 
     # ------------------------------------------------------------------ internals
     def _reap(self) -> dict[int, TransferResult]:
-        """Complete the stores that finished; keep load results for their caller."""
+        """Complete the stores that finished; keep load results for their caller; advance a
+        tiering manager (its tier jobs are submitted and reaped in ``step``)."""
         results = self.worker.get_finished()
         for result in results:
             if result.kind == LOAD:
@@ -330,6 +383,9 @@ class KVOffloader:
             else:
                 self._counts["failed_stores"] += 1
                 logger.warning("store job %d failed: %s", result.job_id, result.error)
+        step = getattr(self.manager, "step", None)
+        if step is not None:
+            step()
         return {r.job_id: r for r in results}
 
     def _holds_slots(self) -> bool:

@@ -15,6 +15,7 @@ Importing this module does not import torch: only ``get_worker`` does.
 from __future__ import annotations
 
 import difflib
+import inspect
 import logging
 import math
 from abc import ABC, abstractmethod
@@ -25,11 +26,14 @@ from typing import TYPE_CHECKING, Any
 
 from kvoffload._checks import check_int
 from kvoffload.admission import check_store_threshold
+from kvoffload.keys import namespace_fingerprint
 from kvoffload.layout import KVCacheLayout, slots_for_budget
 from kvoffload.manager import CPUOffloadingManager, OffloadingManager
 from kvoffload.registry import Registry
+from kvoffload.tiers.config import TierConfig, build_tiers, parse_tiers
 
 if TYPE_CHECKING:
+    from kvoffload.transfer.host import HostBuffer
     from kvoffload.transfer.worker import TransferWorker
 
 logger = logging.getLogger(__name__)
@@ -40,8 +44,9 @@ DEFAULT_SPEC = "CPUOffloadingSpec"
 _REPLACED_KEYS = {
     "num_cpu_blocks": "it was replaced by cpu_bytes_to_use (bytes for the whole server)",
     "cache_policy": "the policy name key is eviction_policy",
-    "secondary_tiers": "kvoffload's CPUOffloadingSpec has no secondary tiers",
 }
+#: vLLM's names for keys this config takes under another name.
+_ALIASES = {"secondary_tiers": "tiers"}
 
 
 def _check_int(name: str, value: Any, minimum: int, optional: bool = False) -> None:
@@ -87,6 +92,11 @@ class OffloadingConfig:
         world_size: workers sharing the budget (each holds its shard of every slot).
         staging_bytes: device staging memory per direction of a CUDA worker.
         pin_memory: page-lock the host buffer (None: when CUDA is available).
+        tiers: secondary tiers behind the CPU tier, nearest first (vLLM's key
+            ``secondary_tiers`` is accepted too): each a mapping with a ``type`` and that
+            tier's keys (:mod:`kvoffload.tiers.config`); checked into
+            :class:`~kvoffload.tiers.config.TierConfig` entries. With tiers the manager is a
+            :class:`~kvoffload.tiers.manager.TieringManager` (``world_size`` must be 1).
     """
 
     cpu_bytes_to_use: int
@@ -107,6 +117,7 @@ class OffloadingConfig:
     world_size: int = 1
     staging_bytes: int = 128 << 20
     pin_memory: bool | None = None
+    tiers: Sequence[TierConfig] = ()
 
     def __post_init__(self) -> None:
         budget = self.cpu_bytes_to_use
@@ -138,6 +149,12 @@ class OffloadingConfig:
         _check_int("world_size", self.world_size, 1)
         _check_int("staging_bytes", self.staging_bytes, 1)
         _check_bool("pin_memory", self.pin_memory, optional=True)
+        object.__setattr__(self, "tiers", parse_tiers(self.tiers))
+        if self.tiers and self.world_size != 1:
+            raise ValueError(
+                "config 'tiers' needs world_size 1: the tiering manager and the transfer "
+                f"worker share one host buffer, got world_size {self.world_size}"
+            )
 
     @classmethod
     def keys(cls) -> list[str]:
@@ -152,6 +169,11 @@ class OffloadingConfig:
         if not isinstance(extra_config, Mapping):
             raise TypeError(f"extra_config must be a mapping, got {type(extra_config).__name__}")
         merged = {**extra_config, **overrides}
+        for alias, key in _ALIASES.items():
+            if alias in merged:
+                if key in merged:
+                    raise ValueError(f"config: give either '{key}' or '{alias}', not both")
+                merged[key] = merged.pop(alias)
         known = cls.keys()
         for key in merged:
             if key in known:
@@ -215,17 +237,58 @@ class CPUOffloadingSpec(OffloadingSpec):
             )
         except ValueError as exc:
             raise ValueError(f"config 'cpu_bytes_to_use' is too small: {exc}") from None
-        self._manager: CPUOffloadingManager | None = None
+        self._manager: OffloadingManager | None = None
+        self._host: HostBuffer | None = None
+
+    @property
+    def tier_namespace(self) -> bytes:
+        """What keeps this engine's blocks apart in a disk or shared tier: the slot's byte map
+        and dtypes (never the number of device blocks, which differs between engines)."""
+        layout = self.layout
+        return namespace_fingerprint(
+            slot_bytes=self.slot_layout.slot_bytes,
+            blocks_per_chunk=self.blocks_per_chunk,
+            regions=repr(self.slot_layout.regions),
+            tensors=repr([(t.kind, t.dtype, t.group, t.page_bytes) for t in layout.tensors]),
+        )
+
+    def host_buffer(self) -> HostBuffer:
+        """The host slots shared by the tiering manager and this process's worker (tiers only;
+        imports torch)."""
+        if self._host is None:
+            from kvoffload.transfer.host import HostBuffer
+
+            self._host = HostBuffer(
+                self.slot_layout.slot_bytes, self.num_slots, self.config.pin_memory
+            )
+        return self._host
+
+    def _tier_params(self, config: TierConfig) -> TierConfig:
+        """``config`` with its namespace bound to this layout (a user namespace is mixed in)."""
+        params = dict(config.params)
+        user = params.get("namespace")
+        if isinstance(user, str):
+            user = user.encode()
+        params["namespace"] = (
+            namespace_fingerprint(layout=self.tier_namespace, user=user)
+            if user
+            else self.tier_namespace
+        )
+        accepted = inspect.signature(config.cls.__init__).parameters
+        if "namespace" not in accepted:
+            params.pop("namespace")
+        return TierConfig(config.type, config.cls, params, config.manager, config.index)
 
     @property
     def host_bytes(self) -> int:
         """Host bytes one worker allocates (``num_slots * slot_bytes``, no rounding)."""
         return self.num_slots * self.slot_layout.slot_bytes
 
-    def get_manager(self) -> CPUOffloadingManager:
+    def get_manager(self) -> OffloadingManager:
+        """The CPU manager, or with ``tiers`` a ``TieringManager`` over it and the host buffer."""
         if self._manager is None:
             c = self.config
-            self._manager = CPUOffloadingManager(
+            cpu = CPUOffloadingManager(
                 self.num_slots,
                 cache_policy=c.eviction_policy,
                 cache_policy_module_path=c.cache_policy_module_path,
@@ -236,13 +299,24 @@ class CPUOffloadingSpec(OffloadingSpec):
                 skip_partial_tail=c.skip_partial_tail,
                 partial_store=c.partial_store,
             )
+            if not c.tiers:
+                self._manager = cpu
+            else:
+                from kvoffload.tiers.manager import TieringManager
+
+                host = self.host_buffer()
+                secondaries = build_tiers([self._tier_params(t) for t in c.tiers], host)
+                self._manager = TieringManager(cpu, host, secondaries)
         return self._manager
 
     def get_worker(self, kv_caches: Sequence[Any] | Mapping[str, Any]) -> TransferWorker:
         from kvoffload.transfer.factory import create_transfer_worker
         from kvoffload.transfer.host import HostBuffer
 
-        host = HostBuffer(self.slot_layout.slot_bytes, self.num_slots, self.config.pin_memory)
+        if self.config.tiers:
+            host = self.host_buffer()
+        else:
+            host = HostBuffer(self.slot_layout.slot_bytes, self.num_slots, self.config.pin_memory)
         return create_transfer_worker(
             self.layout,
             self.slot_layout,
@@ -309,6 +383,8 @@ class OffloadingSpecFactory:
 
 
 OffloadingSpecFactory.register_spec(DEFAULT_SPEC, __name__, "CPUOffloadingSpec")
+# vLLM's name for a CPU tier with secondary tiers: the same spec here (tiers are a config key).
+OffloadingSpecFactory.register_spec("TieringOffloadingSpec", __name__, "CPUOffloadingSpec")
 
 
 __all__ = [

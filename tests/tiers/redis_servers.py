@@ -8,6 +8,7 @@ A test that needs a server and finds none is skipped with the reason, except und
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -32,11 +33,29 @@ def require_redis_binaries() -> None:
         unavailable("redis-server / redis-cli are not installed (apt-get install redis-server)")
 
 
-def free_port() -> int:
+def _bindable(port: int) -> bool:
     with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def free_port(cluster: bool = False) -> int:
+    """A free loopback port; for a cluster node, one whose bus port (port + 10000) is free
+    and below 65536 too (an ephemeral port above 55535 has no valid bus port)."""
+    if not cluster:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port: int = sock.getsockname()[1]
+            return port
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(20000, 40000)
+        if _bindable(port) and _bindable(port + 10000):
+            return port
+    raise RuntimeError("no free port pair for a cluster node")
 
 
 def cli(port: int, *args: str) -> str:
@@ -46,7 +65,7 @@ def cli(port: int, *args: str) -> str:
     return out.stdout
 
 
-def wait_ping(port: int, timeout: float = 10.0) -> None:
+def wait_ping(port: int, timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if "PONG" in cli(port, "ping"):
@@ -58,9 +77,9 @@ def wait_ping(port: int, timeout: float = 10.0) -> None:
 class RedisProcess:
     """One redis-server on loopback that a test owns: it can kill it and start it again."""
 
-    def __init__(self, port: int | None = None, *extra: str) -> None:
+    def __init__(self, port: int | None = None, *extra: str, cluster: bool = False) -> None:
         require_redis_binaries()
-        self.port = port or free_port()
+        self.port = port or free_port(cluster)
         self.extra = extra
         self.dir = Path(tempfile.mkdtemp(prefix="kvoffload-redis-test-"))
         self.proc: subprocess.Popen[bytes] | None = None
@@ -102,6 +121,7 @@ class RedisClusterProcesses:
                 "--cluster-enabled", "yes",
                 "--cluster-node-timeout", "1000",
                 "--cluster-require-full-coverage", "no",
+                cluster=True,
             )
             for _ in range(3)
         ]

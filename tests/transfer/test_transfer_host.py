@@ -59,3 +59,33 @@ def test_pinned_with_cuda_host_register() -> None:
     assert host.is_pinned and host.tensor.is_pinned()
     host.close()
     assert not host.is_pinned
+
+
+def test_slot_view_is_a_zero_copy_slot_memory() -> None:
+    from kvoffload.tiers import SlotMemory
+
+    host = HostBuffer(1536, 4, pin=False)
+    assert isinstance(host, SlotMemory)
+    view = host.slot_view(3)
+    assert not view.readonly and view.contiguous and view.nbytes == 1536
+    view[:4] = b"\x01\x02\x03\x04"  # writing the view writes the tier's own bytes
+    assert host.tensor[3, :4].tolist() == [1, 2, 3, 4]
+    host.slot(1).fill_(9)  # and the other way round
+    assert bytes(host.slot_view(1)) == b"\x09" * 1536
+    assert bytes(host.slot_view(2)) == bytes(host.tensor[2].tolist())
+    with pytest.raises(ValueError, match="slot"):
+        host.slot_view(4)
+    with pytest.raises(TypeError, match="slot"):
+        host.slot_view(1.0)  # type: ignore[arg-type]
+
+
+def test_slot_view_without_numpy_uses_ctypes(monkeypatch: pytest.MonkeyPatch) -> None:
+    from kvoffload.transfer import host as host_module
+
+    def no_numpy(self: object) -> None:
+        raise RuntimeError("Numpy is not available")
+
+    monkeypatch.setattr(torch.Tensor, "numpy", no_numpy)
+    host = host_module.HostBuffer(64, 2, pin=False)
+    host.slot_view(1)[10] = 200
+    assert int(host.tensor[1, 10]) == 200

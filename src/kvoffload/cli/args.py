@@ -10,6 +10,7 @@ from typing import Any
 from kvoffload.cli.errors import UserError
 from kvoffload.sim.capacity import CAPACITY_HELP
 from kvoffload.sim.replay import REPLAY_MODES
+from kvoffload.sim.tier_config import TIERS_HELP
 from kvoffload.sim.traces import trace_format_choices
 
 
@@ -93,6 +94,31 @@ def add_capacity(p: argparse.ArgumentParser, default: str) -> None:
     )
 
 
+def add_tiers(p: argparse.ArgumentParser) -> None:
+    """``--tiers``: replay through the tiering manager with simulated secondary tiers."""
+    g = p.add_argument_group("tiers (multi-tier replay)")
+    g.add_argument(
+        "--tiers",
+        action="append",
+        metavar="SPEC",
+        help=TIERS_HELP + "; repeatable: each SPEC is one column of the grid; replaces "
+        "--capacity, implies --no-bounds",
+    )
+    g.add_argument(
+        "--instances",
+        type=int,
+        default=1,
+        help="with --tiers: split the requests round-robin over N CPU tiers (each of the cpu "
+        "capacity); shared tiers (redis) are one store behind all of them (default 1)",
+    )
+    g.add_argument(
+        "--tier-policy",
+        default="lru",
+        metavar="NAME",
+        help="with --tiers: eviction policy of every secondary tier (default lru)",
+    )
+
+
 def add_progress(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
 
@@ -132,7 +158,7 @@ def add_replay(p: argparse.ArgumentParser) -> None:
         "--prefill-tokens-per-s",
         type=float,
         default=20000.0,
-        help="prefill speed of the --overlap model (default 20000)",
+        help="prefill speed of the --overlap model and of --tiers' time saved (default 20000)",
     )
     g.add_argument(
         "--decode-tokens-per-s",
@@ -192,6 +218,7 @@ __all__ = [
     "add_format",
     "add_progress",
     "add_replay",
+    "add_tiers",
     "add_trace",
     "add_workload",
     "key_values",

@@ -57,7 +57,9 @@ def run_grid(args: argparse.Namespace, default_caps: str) -> Grid:
     trace = inputs.load_input(args)
     policies = inputs.policies(args)
     options = inputs.replay_options(args)
-    capacities = inputs.capacities(args, trace, default_caps)
+    tiered = inputs.tier_capacities(args, trace)
+    capacities = tiered if tiered is not None else inputs.capacities(args, trace, default_caps)
+    with_bounds = not args.no_bounds and tiered is None  # bounds are single-tier
     progress = progress_bar(not args.no_progress)
     state: dict[str, Any] = {}
 
@@ -76,7 +78,7 @@ def run_grid(args: argparse.Namespace, default_caps: str) -> Grid:
             policies,
             capacities,
             options,
-            with_bounds=not args.no_bounds,
+            with_bounds=with_bounds,
             workers=args.workers,
             on_task_done=done,
             on_started=started,
@@ -104,18 +106,21 @@ def report(args: argparse.Namespace, grid: Grid) -> int:
     else:
         tables = output.tables()
         mode = args.mode + (", overlapped" if args.overlap else "")
-        output.print_rich(
+        items = [
             output.trace_caption(trace, f"mode {mode}"),
             tables.results_table(sweep.results, sweep.bounds, timing=args.timing),
             tables.results_legend(args.mode, args.timing, bounds=bool(sweep.bounds)),
-        )
+        ]
+        if any(r.tiers is not None for r in sweep.results):
+            items += [tables.tiers_table(sweep.results), tables.tiers_legend(sweep.results)]
         if rows:
-            output.print_rich(
+            items += [
                 shadow_table(rows),
                 "estimated: the candidate's miniature on the sampled keys (block hit ratio), "
                 "read from the first policy's replay; actual: its own full replay; error = "
                 "estimated - actual block hit ratio.",
-            )
+            ]
+        output.print_rich(*items)
     title = (args.trace and args.trace.rsplit("/", 1)[-1]) or "generated workload"
     errors = output.write_outputs(args.output, args.plot, record, sweep, title, args.timing)
     for line in errors:

@@ -25,6 +25,7 @@ from kvoffload.sim.capacity import Capacity, parse_capacities
 from kvoffload.sim.plugins import AdmissionFactory
 from kvoffload.sim.records import Trace
 from kvoffload.sim.replay import PolicySpec, ReplayOptions
+from kvoffload.sim.tier_config import TieredCapacity, parse_tiers
 from kvoffload.sim.traces import load_trace
 from kvoffload.sim.workloads import WorkloadConfig, generate_workload
 
@@ -107,6 +108,41 @@ NOT_IN_DEFAULT_RUN = frozenset({"auto"})
 def default_policy_names() -> list[str]:
     """The policies a run without ``--policy`` replays: every built-in but the meta-policies."""
     return [name for name, *_ in BUILTIN_POLICIES if name not in NOT_IN_DEFAULT_RUN]
+
+
+def tier_capacities(args: argparse.Namespace, trace: Trace) -> list[Capacity] | None:
+    """The ``--tiers`` grid columns, or ``None`` without ``--tiers`` (checked against the rest)."""
+    specs = getattr(args, "tiers", None)
+    instances = getattr(args, "instances", 1)
+    if not specs:
+        if instances != 1:
+            raise UserError("--instances needs --tiers (e.g. --tiers cpu=5%,redis=100%)")
+        return None
+    if args.capacity:
+        raise UserError("--tiers gives the CPU capacity itself (cpu=5%); drop --capacity")
+    if args.mode != "prefix":
+        raise UserError("--tiers replays in prefix mode only; drop --mode blocks")
+    if args.overlap:
+        raise UserError("--tiers does not model --overlap yet; drop one of them")
+    try:
+        create_cache_policy(args.tier_policy, 1)
+    except (ValueError, TypeError, ImportError) as exc:
+        raise UserError(f"--tier-policy: {exc}") from None
+    out: list[Capacity] = []
+    for text in specs:
+        try:
+            config = parse_tiers(
+                text,
+                trace.num_unique_blocks,
+                trace.block_tokens,
+                args.bytes_per_token,
+                instances,
+                args.tier_policy,
+            )
+        except (ValueError, TypeError) as exc:
+            raise UserError(str(exc)) from None
+        out.append(TieredCapacity.of(config))
+    return out
 
 
 def policy_names(args: argparse.Namespace) -> list[str]:
@@ -254,5 +290,6 @@ __all__ = [
     "replay_options",
     "shadow_candidates",
     "shadow_options",
+    "tier_capacities",
     "workload_config",
 ]

@@ -118,15 +118,22 @@ def write_outputs(
         except OSError as exc:
             errors.append(f"--output '{name}' was not written: {exc.strerror or exc}")
     if plot:
-        from kvoffload.sim.report.plot import plot_capacity_bars, plot_miss_ratio_curves
+        from kvoffload.sim.report.plot import (
+            plot_capacity_bars,
+            plot_miss_ratio_curves,
+            plot_tiers,
+        )
 
         directory = Path(plot)
         try:
             directory.mkdir(parents=True, exist_ok=True)
-            plot_miss_ratio_curves(
-                sweep.results, sweep.bounds, directory / "miss_ratio_curve.png", title
-            )
-            plot_capacity_bars(sweep.results, sweep.bounds, directory, title)
+            if any(r.tiers is not None for r in sweep.results):  # --tiers: one tier chart
+                plot_tiers(sweep.results, directory / "tiers.png", title)
+            else:
+                plot_miss_ratio_curves(
+                    sweep.results, sweep.bounds, directory / "miss_ratio_curve.png", title
+                )
+                plot_capacity_bars(sweep.results, sweep.bounds, directory, title)
         except OSError as exc:
             errors.append(f"--plot '{plot}' was not written: {exc.strerror or exc}")
     return errors

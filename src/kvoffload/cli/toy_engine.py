@@ -125,23 +125,97 @@ def _full_blocks(trace: Trace, index: int) -> list[int]:
     return ids[:-1] if request.has_partial_tail(trace.block_tokens) else list(ids)
 
 
-def run(args: argparse.Namespace) -> int:
-    """Run the demo; exit status 1 if any loaded block was wrong."""
+def _tier_configs(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """The ``tiers`` config of the demo's options: disk first, then Redis."""
+    tiers: list[dict[str, Any]] = []
+    if args.disk:
+        tiers.append(
+            {
+                "type": "disk",
+                "path": args.disk,
+                "capacity_bytes": args.disk_bytes,
+                "policy": args.disk_policy,
+                "durability": args.durability,
+                "write_policy": args.write_policy,
+            }
+        )
+    if args.redis:
+        tiers.append(
+            {
+                "type": "redis",
+                "url": args.redis,
+                "namespace": args.redis_namespace or "kvoffload-demo",
+                "prefix": "kvoffload-demo",
+                "ttl_ms": 3600 * 1000,  # the demo's records leave the server within an hour
+                "lookup": "sync",  # a lookup waits (up to its deadline) for the server
+                "write_policy": args.write_policy,
+            }
+        )
+    return tiers
+
+
+def _gbps(nbytes: float, seconds: float) -> float:
+    return round(nbytes / seconds / 1e9, 3) if seconds else 0.0
+
+
+def _tier_rows(stats: Any, offloader_stats: Any) -> dict[str, dict[str, Any]]:
+    """Per tier: hits, blocks and bytes moved, bandwidth (bytes / job seconds)."""
+    rows: dict[str, dict[str, Any]] = {}
+    tiers = getattr(stats, "tiers", {}) if stats is not None else {}
+    promoted = sum(int(t["promotions"]) for t in tiers.values())
+    rows["cpu"] = {
+        "hit_blocks": offloader_stats.hit_blocks,
+        "promoted_in_blocks": promoted,
+        "loaded_bytes": offloader_stats.loaded_bytes,
+        "load_gbps": round(offloader_stats.load_gbps, 3),
+        "stored_bytes": offloader_stats.stored_bytes,
+        "store_gbps": round(offloader_stats.store_gbps, 3),
+        "evictions": stats.evictions if stats is not None else 0,
+    }
+    for label, t in tiers.items():
+        rows[label] = {
+            "lookups": int(t["lookups"]),
+            "hits": int(t["hits"]),
+            "promoted_blocks": int(t["promotions"]),
+            "failed_reads": int(t["promotion_failures"]),
+            "bytes_read": int(t["bytes_read"]),
+            "read_gbps": _gbps(t["bytes_read"], t["read_seconds"]),
+            "blocks_written": int(t["blocks_written"]),
+            "bytes_written": int(t["bytes_written"]),
+            "write_gbps": _gbps(t["bytes_written"], t["write_seconds"]),
+            "dropped_blocks": int(t["dropped_blocks"]),
+            "evictions": int(t.get("medium_evictions", t["tier_evictions"])),
+            "corrupt_records": int(t.get("medium_corrupt_records", 0)),
+            "breaker": t["breaker_state"],
+        }
+    return rows
+
+
+def run_one(args: argparse.Namespace) -> dict[str, Any]:
+    """One engine: the workload through KVOffloader; the summary (``loaded_blocks_wrong`` > 0
+    means a loaded block had the wrong bytes)."""
     trace = generate_workload(demo_workload(args.seed, args.requests, args.block_tokens))
     requests = [_full_blocks(trace, i) for i in range(len(trace.requests))]
     num_device_blocks = max(max((len(r) for r in requests), default=1), 1)
     kv = _kv_caches(args, num_device_blocks)
     layout = KVCacheLayout.from_tensors(kv, args.kind)
     generator = torch.Generator().manual_seed(args.seed)
-    checked = wrong = 0
+    checked = wrong = from_elsewhere = 0
+    stored_here: set[int] = set()  # blocks this process computed and offered to store
+    tiers = _tier_configs(args)
     started = time.perf_counter()
-    with KVOffloader(
-        kv,
-        cpu_bytes=int(args.cpu_mib * (1 << 20)),
-        policy=args.policy,
-        layout=layout,
-        blocks_per_chunk=args.blocks_per_chunk,
-    ) as offloader:
+    try:
+        offloader = KVOffloader(
+            kv,
+            cpu_bytes=int(args.cpu_mib * (1 << 20)),
+            policy=args.policy,
+            layout=layout,
+            blocks_per_chunk=args.blocks_per_chunk,
+            tiers=tiers,
+        )
+    except (ConnectionError, PermissionError, OSError) as exc:
+        raise UserError(f"cannot open the tiers: {exc}") from None
+    with offloader:
         content = ToyKVContent(layout, kv, offloader.spec.slot_layout)
         for i, block_ids in enumerate(requests):
             hashes = [b.to_bytes(8, "big") for b in block_ids]
@@ -153,9 +227,12 @@ def run(args: argparse.Namespace) -> int:
                 offloader.load(hashes[:hit], device_blocks[:hit], ctx=ctx)
                 wrong += content.mismatches(device_blocks[:hit], block_ids[:hit])
                 checked += hit
+                from_elsewhere += sum(b not in stored_here for b in block_ids[:hit])
             content.write(device_blocks[hit:], block_ids[hit:])
             offloader.store(hashes[hit:], device_blocks[hit:], ctx=ctx)
+            stored_here.update(block_ids[hit:])
             offloader.end_request(ctx)
+        offloader.flush()  # the tiers' writes land before the numbers are read
         stats = offloader.stats()
         slot_layout = offloader.spec.slot_layout
         num_slots = offloader.spec.num_slots  # type: ignore[attr-defined]
@@ -174,6 +251,7 @@ def run(args: argparse.Namespace) -> int:
         "looked_up_blocks": stats.lookup_blocks,
         "hit_blocks": stats.hit_blocks,
         "hit_ratio": round(stats.hit_ratio, 4),
+        "hits_not_stored_here": from_elsewhere,
         "loaded_blocks_verified": checked,
         "loaded_blocks_wrong": wrong,
         "stored_bytes": stats.stored_bytes,
@@ -185,18 +263,123 @@ def run(args: argparse.Namespace) -> int:
         "evictions": stats.manager.evictions if stats.manager else 0,
         "wall_seconds": round(elapsed, 3),
     }
+    if tiers:
+        summary["tiers"] = _tier_rows(stats.manager, stats)
+    return summary
+
+
+def _instance(args: dict[str, Any], index: int, out: Any) -> None:
+    """A child engine process: run, send back the summary (or the error's text)."""
+    try:
+        out.put((index, run_one(argparse.Namespace(**args)), ""))
+    except Exception as exc:  # reported by the parent, which sets the exit status
+        out.put((index, {}, f"{type(exc).__name__}: {exc}"))
+
+
+def run_instances(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """``--instances N``: N engine processes, one after another, on one shared Redis."""
+    import multiprocessing
+    import uuid
+
+    # Never a plain fork: the parent may have run kernels on an OpenMP pool, which a forked
+    # child can deadlock on. A fork server that imported PyTorch once (and ran nothing)
+    # starts each engine in a fraction of a second; spawn where there is none.
+    methods = multiprocessing.get_all_start_methods()
+    ctx = multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
+    if "forkserver" in methods:
+        multiprocessing.set_forkserver_preload(["torch", __name__])
+    shared = dict(vars(args))
+    shared.pop("func", None)
+    shared["redis_namespace"] = args.redis_namespace or f"demo-{uuid.uuid4().hex[:12]}"
+    shared["instances"] = 1
+    summaries: list[dict[str, Any]] = []
+    for index in range(args.instances):
+        queue = ctx.Queue()
+        proc = ctx.Process(target=_instance, args=(shared, index, queue), daemon=True)
+        proc.start()
+        try:
+            _, summary, error = queue.get(timeout=600)
+        finally:
+            proc.join(timeout=60)
+        if error:
+            raise UserError(f"instance {index + 1}: {error}")
+        summary = {"instance": index + 1, "pid": proc.pid, **summary}
+        summaries.append(summary)
+    return summaries
+
+
+def _print_table(summary: dict[str, Any], title: str) -> None:
+    flat = {k: v for k, v in summary.items() if k != "tiers"}
+    width = max(len(k) for k in flat)
+    print(title)
+    for key, value in flat.items():
+        shown = f"{value:,}" if type(value) is int else value
+        print(f"  {key.ljust(width)}  {shown}")
+    wrong = summary["loaded_blocks_wrong"]
+    verdict = "OK" if wrong == 0 else f"FAILED: {wrong} loaded blocks had wrong bytes"
+    print(f"  {'verification'.ljust(width)}  {verdict}")
+    tiers = summary.get("tiers")
+    if tiers:
+        metrics = sorted({m for row in tiers.values() for m in row}, key=_column_order)
+        labels = list(tiers)
+        print("  per tier (bandwidth: bytes / job seconds, GB/s):")
+        cells = [["", *labels]] + [
+            [m, *[_cell(tiers[t].get(m, "-")) for t in labels]] for m in metrics
+        ]
+        widths = [max(len(r[i]) for r in cells) for i in range(len(labels) + 1)]
+        for row in cells:
+            print(
+                "    "
+                + row[0].ljust(widths[0])
+                + "  "
+                + "  ".join(v.rjust(w) for v, w in zip(row[1:], widths[1:], strict=True))
+            )
+
+
+_ORDER = (
+    "hit_blocks", "lookups", "hits", "promoted_in_blocks", "promoted_blocks", "failed_reads",
+    "loaded_bytes", "load_gbps", "bytes_read", "read_gbps", "stored_bytes", "store_gbps",
+    "blocks_written", "bytes_written", "write_gbps", "dropped_blocks", "evictions",
+    "corrupt_records", "breaker",
+)  # fmt: skip
+
+
+def _column_order(name: str) -> int:
+    return _ORDER.index(name) if name in _ORDER else len(_ORDER)
+
+
+def _cell(value: Any) -> str:
+    return f"{value:,}" if type(value) is int else str(value)
+
+
+def _ok(summary: dict[str, Any]) -> bool:
+    return summary["loaded_blocks_wrong"] == 0 and summary["failed_transfers"] == 0
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the demo; exit status 1 if any loaded block was wrong."""
+    if args.instances > 1:
+        summaries = run_instances(args)
+        if args.format == "json":
+            json.dump({"instances": summaries}, sys.stdout, indent=2)
+            sys.stdout.write("\n")
+        else:
+            for s in summaries:
+                _print_table(
+                    s,
+                    f"kvoffload demo, instance {s['instance']} of {len(summaries)} "
+                    f"(pid {s['pid']}): hits_not_stored_here came from the earlier instances",
+                )
+        return 0 if all(_ok(s) for s in summaries) else 1
+    summary = run_one(args)
     if args.format == "json":
         json.dump(summary, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
-        width = max(len(k) for k in summary)
-        print("kvoffload demo: real KV copies through a CPU tier, every loaded block verified")
-        for key, value in summary.items():
-            shown = f"{value:,}" if type(value) is int else value
-            print(f"  {key.ljust(width)}  {shown}")
-        verdict = "OK" if wrong == 0 else f"FAILED: {wrong} loaded blocks had wrong bytes"
-        print(f"  {'verification'.ljust(width)}  {verdict}")
-    return 0 if wrong == 0 and summary["failed_transfers"] == 0 else 1
+        _print_table(
+            summary, "kvoffload demo: real KV copies through the tiers, every loaded block verified"
+        )
+    return 0 if _ok(summary) else 1
 
 
-__all__ = ["ToyKVContent", "demo_workload", "run"]
+__all__ = ["ToyKVContent", "demo_workload", "run", "run_instances", "run_one"]

@@ -147,6 +147,7 @@ class ReplayResult:
     capacity_label: str = ""
     bytes_per_block: float | None = None
     manager_stats: dict[str, Any] = field(default_factory=dict)
+    tiers: dict[str, Any] | None = None  # a multi-tier replay's per-tier report (sim.tiered)
 
     @property
     def block_hit_ratio(self) -> float:
@@ -169,7 +170,7 @@ class ReplayResult:
 
     def to_dict(self) -> dict[str, Any]:
         """Flat, JSON-ready record (the ``simulate --format json`` schema)."""
-        return {
+        record: dict[str, Any] = {
             "policy": self.policy,
             "capacity_blocks": self.capacity_blocks,
             "capacity": self.capacity_label or str(self.capacity_blocks),
@@ -198,6 +199,9 @@ class ReplayResult:
             "blocks_per_s": self.blocks_per_s,
             "manager": self.manager_stats,
         }
+        if self.tiers is not None:  # only multi-tier replays have the key
+            record["tiers"] = self.tiers
+        return record
 
 
 class _Running(NamedTuple):

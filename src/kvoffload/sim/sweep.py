@@ -21,6 +21,8 @@ from kvoffload.sim.bounds import Bounds, TraceBounds
 from kvoffload.sim.capacity import Capacity
 from kvoffload.sim.records import Trace
 from kvoffload.sim.replay import PolicySpec, ReplayOptions, ReplayResult, replay
+from kvoffload.sim.tier_config import TieredCapacity
+from kvoffload.sim.tiered import tiered_replay
 
 _WORKER_TRACE: Trace | None = None
 _WORKER_BOUNDS: TraceBounds | None = None
@@ -35,9 +37,18 @@ def _init_worker(trace: Trace) -> None:
     _WORKER_TRACE, _WORKER_BOUNDS = trace, None
 
 
+def replay_at(
+    trace: Trace, policy: PolicySpec, capacity: Capacity, options: ReplayOptions
+) -> ReplayResult:
+    """One grid cell: a single-tier replay, or a multi-tier one for a :class:`TieredCapacity`."""
+    if isinstance(capacity, TieredCapacity) and capacity.config is not None:
+        return tiered_replay(trace, capacity.config, policy, options)
+    return replay(trace, capacity.blocks, policy, options, capacity.label)
+
+
 def _worker_replay(policy: PolicySpec, capacity: Capacity, options: ReplayOptions) -> ReplayResult:
     assert _WORKER_TRACE is not None, "worker started without a trace"
-    return replay(_WORKER_TRACE, capacity.blocks, policy, options, capacity.label)
+    return replay_at(_WORKER_TRACE, policy, capacity, options)
 
 
 def _worker_bounds(capacity: Capacity) -> Bounds:
@@ -167,9 +178,9 @@ def _run_inline(
             done(f"bounds @ {capacity.label}")
     results = []
     for policy, capacity in replay_tasks:
-        results.append(replay(trace, capacity.blocks, policy, options, capacity.label))
+        results.append(replay_at(trace, policy, capacity, options))
         done(f"{policy.label} @ {capacity.label}")
     return SweepResult(results, bounds)
 
 
-__all__ = ["SweepResult", "default_workers", "run_sweep"]
+__all__ = ["SweepResult", "default_workers", "replay_at", "run_sweep"]

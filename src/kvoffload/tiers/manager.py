@@ -349,6 +349,10 @@ class TieringManager(OffloadingManager):
         for writes to the secondaries stay pinned."""
         return self.cpu.switch_policy(cache_policy, cache_policy_module_path, req_context, **params)
 
+    def promotions_in_flight(self) -> int:
+        """Blocks being promoted into the CPU tier (queued or read): they read ``HIT_PENDING``."""
+        return len(self._promoting)
+
     def cpu_slot(self, key: OffloadKey) -> int | None:
         """The CPU slot of a resident key (ready or pending), else ``None``."""
         return self._slots.get(key)

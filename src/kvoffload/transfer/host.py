@@ -12,6 +12,7 @@ chunk for every layer of its group, so a disk or remote tier can move a slot as 
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import weakref
 from typing import Any
@@ -42,6 +43,19 @@ def _unregister(ptr: int) -> None:
         logger.debug("cudaHostUnregister failed: %s", exc)
 
 
+def _byte_view(flat: torch.Tensor) -> memoryview:
+    """A writable, flat ``memoryview`` of a contiguous uint8 CPU tensor, sharing its memory.
+
+    Through NumPy when it is installed (the view then keeps the tensor alive); otherwise
+    through ctypes, whose view is valid while the owner keeps the tensor (``HostBuffer`` does).
+    """
+    try:
+        return memoryview(flat.numpy()).cast("B")  # type: ignore[arg-type]
+    except (ImportError, RuntimeError):  # torch built without NumPy support
+        array = (ctypes.c_ubyte * flat.numel()).from_address(flat.data_ptr())
+        return memoryview(array).cast("B")
+
+
 class HostBuffer:
     """``num_slots`` slots of ``slot_bytes`` bytes in one page-aligned host allocation.
 
@@ -69,6 +83,7 @@ class HostBuffer:
         self._raw = raw  # keeps the allocation alive
         #: ``(num_slots, slot_bytes)`` uint8 view of the whole tier.
         self.tensor = flat.view(num_slots, slot_bytes)
+        self._view = _byte_view(flat)
         self.is_pinned = False
         if pin is not False and torch.cuda.is_available():
             error = _register(flat.data_ptr(), self.nbytes)
@@ -98,6 +113,20 @@ class HostBuffer:
         if not 0 <= slot_id < self.num_slots:
             raise ValueError(f"slot_id must be in [0, {self.num_slots - 1}], got {slot_id}")
         return self.tensor[slot_id]
+
+    def slot_view(self, slot: int) -> memoryview:
+        """One slot as a writable ``memoryview`` over the buffer's own bytes (zero-copy).
+
+        This makes the buffer a :class:`kvoffload.tiers.SlotMemory`: a disk or remote tier
+        reads and writes the slot in place (``os.preadv`` into it, a socket's bytes copied
+        straight in), with no intermediate tensor or ``bytes``.
+        """
+        if isinstance(slot, bool) or not isinstance(slot, int):
+            raise TypeError(f"slot must be an int, got {type(slot).__name__}")
+        if not 0 <= slot < self.num_slots:
+            raise ValueError(f"slot must be in [0, {self.num_slots - 1}], got {slot}")
+        start = slot * self.slot_bytes
+        return self._view[start : start + self.slot_bytes]
 
     def close(self) -> None:
         """Unpin the memory now (it is freed when the last view of it is gone)."""

@@ -10,7 +10,7 @@ from kvoffload.sim.bounds import Bounds
 from kvoffload.sim.replay import ReplayResult
 from kvoffload.sim.report.json import result_record
 
-_CSV_SKIP = {"manager", "hit_length"}
+_CSV_SKIP = {"manager", "hit_length", "tiers"}
 
 
 def result_row(result: ReplayResult, timing: bool = False) -> dict[str, Any]:
@@ -20,6 +20,15 @@ def result_row(result: ReplayResult, timing: bool = False) -> dict[str, Any]:
     for key, value in record["hit_length"].items():
         if key != "histogram":
             row[f"hit_length_{key}"] = value
+    tiers = record.get("tiers")
+    if tiers is not None:  # a multi-tier replay: totals, then tier_<label>_<field> columns
+        for key, value in tiers.items():
+            if key != "per_tier":
+                row[f"tiers_{key}"] = value
+        for tier in tiers["per_tier"]:
+            for key, value in tier.items():
+                if key != "tier":
+                    row[f"tier_{tier['tier']}_{key}"] = value
     return row
 
 

@@ -195,4 +195,67 @@ def plot_capacity_bars(
     return paths
 
 
-__all__ = ["capacity_file_name", "plot_capacity_bars", "plot_miss_ratio_curves", "policy_style"]
+def plot_tiers(
+    results: Sequence[ReplayResult], out: str | os.PathLike[str], title: str = ""
+) -> Path:
+    """Multi-tier results: per result, the hit ratio stacked by tier, and the time saved by tier.
+
+    One row per (policy, tier list); the left panel stacks each tier's share of block accesses,
+    the right one each tier's modelled prefill seconds saved (negative: slower than recompute).
+    """
+    plt = _pyplot()
+    rows = [r for r in results if r.tiers is not None]
+    if not rows:
+        raise ValueError("plot_tiers needs results of a multi-tier replay (--tiers)")
+    labels = [f"{r.policy} @ {r.capacity_label}" for r in rows]
+    tier_names: list[str] = []
+    for r in rows:
+        assert r.tiers is not None
+        tier_names.extend(t["tier"] for t in r.tiers["per_tier"] if t["tier"] not in tier_names)
+    fig, (hits_ax, saved_ax) = plt.subplots(1, 2, figsize=(11, 1.6 + 0.45 * len(rows)), sharey=True)
+    ys = list(range(len(rows)))[::-1]
+    left = [0.0] * len(rows)
+    for index, name in enumerate(tier_names):
+        hits, saved = [], []
+        for r in rows:
+            assert r.tiers is not None
+            tier = next((t for t in r.tiers["per_tier"] if t["tier"] == name), None)
+            hits.append(tier["hit_ratio"] if tier else 0.0)
+            saved.append(tier["saved_s"] if tier else 0.0)
+        colour = f"C{index % 10}"
+        hits_ax.barh(ys, hits, left=left, color=colour, height=0.7, label=name, zorder=2)
+        left = [a + b for a, b in zip(left, hits, strict=True)]
+        offset = (index - (len(tier_names) - 1) / 2) * 0.7 / len(tier_names)
+        saved_ax.barh(
+            [y + offset for y in ys], saved, height=0.7 / len(tier_names), color=colour, zorder=2
+        )
+    for y, total in zip(ys, left, strict=True):
+        hits_ax.text(total, y, f" {total:.3f}", va="center", fontsize="x-small", zorder=3)
+    hits_ax.set_yticks(ys, labels)
+    hits_ax.set_xlabel("usable prefix hit ratio, by the tier that served it")
+    hits_ax.set_xlim(0, max(left) * 1.15 or 1)
+    saved_ax.axvline(0, color="black", linewidth=0.8)
+    saved_ax.set_xlabel("prefill seconds saved against recomputation")
+    for ax in (hits_ax, saved_ax):
+        ax.grid(True, axis="x", alpha=0.3)
+    hits_ax.legend(
+        loc="lower left",
+        bbox_to_anchor=(0.0, 1.0),
+        ncol=len(tier_names),
+        fontsize="small",
+        frameon=False,
+    )
+    fig.suptitle(f"{title + ': ' if title else ''}multi-tier replay", y=1.02)
+    path = Path(out)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+__all__ = [
+    "capacity_file_name",
+    "plot_capacity_bars",
+    "plot_miss_ratio_curves",
+    "plot_tiers",
+    "policy_style",
+]

@@ -80,9 +80,10 @@ def results_table(
     timing: bool = False,
 ) -> Table:
     """Policies by capacity, the best of each capacity starred, bounds rows under each group."""
-    by_capacity: dict[int, list[ReplayResult]] = {}
+    # Keyed by label too: tier lists with the same CPU capacity are different columns.
+    by_capacity: dict[tuple[int, str], list[ReplayResult]] = {}
     for result in results:
-        by_capacity.setdefault(result.capacity_blocks, []).append(result)
+        by_capacity.setdefault((result.capacity_blocks, result.capacity_label), []).append(result)
     bounds_at = {b.capacity_blocks: b for b in bounds}
     table = Table(
         title=title, title_justify="left", header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False
@@ -94,7 +95,7 @@ def results_table(
     for name in headers:
         table.add_column(name, justify="right", no_wrap=True)
     blank = [""] * len(headers)
-    for capacity, group in by_capacity.items():
+    for (capacity, _), group in by_capacity.items():
         label = group[0].capacity_label or str(capacity)
         blocks = f"{capacity:,} block" + ("" if capacity == 1 else "s")
         heading = label if label == str(capacity) else f"{label} = {blocks}"
@@ -130,6 +131,75 @@ def results_table(
                 table.add_row(name, *row, style="italic dim")
         table.add_section()
     return table
+
+
+def _bytes(value: float) -> str:
+    for unit, size in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if abs(value) >= size:
+            return f"{value / size:,.1f} {unit}"
+    return f"{value:,.0f} B"
+
+
+def _seconds(value: float) -> str:
+    return f"{value:,.1f}"
+
+
+def tiers_table(results: Sequence[ReplayResult], title: str | None = None) -> Table:
+    """Per tier of each multi-tier result: hits, bytes moved, modelled prefill time saved."""
+    table = Table(
+        title=title, title_justify="left", header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False
+    )
+    table.add_column("tier", overflow="fold")
+    headers = ["hit", "hit\nblocks", "read", "written", "load\ns", "recompute\ns", "saved\ns"]
+    for name in headers:
+        table.add_column(name, justify="right", no_wrap=True)
+    blank = [""] * len(headers)
+    for r in results:
+        if r.tiers is None:
+            continue
+        t = r.tiers
+        table.add_row(f"{r.policy} @ {r.capacity_label}", *blank, style="bold")
+        for tier in t["per_tier"]:
+            table.add_row(
+                f"{tier['tier']} ({tier['capacity']})",
+                _ratio(tier["hit_ratio"]),
+                _count(tier["hit_blocks"]),
+                _bytes(tier["read_bytes"]),
+                _bytes(tier["written_bytes"]),
+                _seconds(tier["load_s"]),
+                _seconds(tier["recompute_s"]),
+                _seconds(tier["saved_s"]),
+            )
+        table.add_row(
+            "all tiers",
+            _ratio(t["hit_ratio"]),
+            _count(t["hit_blocks"]),
+            *blank[2:6],
+            f"{_seconds(t['saved_s'])} ({100 * t['saved_share']:.1f}%)",
+            style="italic",
+        )
+        table.add_section()
+    return table
+
+
+def tiers_legend(results: Sequence[ReplayResult]) -> str:
+    """What the columns of :func:`tiers_table` mean, with the block size and prefill speed."""
+    t = next(r.tiers for r in results if r.tiers is not None)
+    return "\n".join(
+        [
+            "hit: share of block accesses served from that tier in a request's leading run of "
+            "hits (the tiers add up to the prefix hit above); read: bytes out of the tier "
+            "(cpu: loads to the GPU; secondaries: promotions into the CPU); written: bytes "
+            "into it (cpu: stores plus promotions; secondaries: write-through puts).",
+            "load s: modelled time to load those blocks (latency once per request and tier + "
+            "bytes / bandwidth, plus the CPU hop for secondaries); recompute s: their tokens "
+            f"at {t['prefill_tokens_per_s']:,.0f} prefill tokens/s; saved = recompute - load "
+            "(negative: that tier loads slower than prefill recomputes); all tiers: the share "
+            "of the whole trace's prefill time saved.",
+            f"Blocks of {_bytes(t['block_bytes'])} ({t['bytes_per_token']:,.0f} bytes/token; "
+            "--bytes-per-token). Media defaults in docs/simulator.md.",
+        ]
+    )
 
 
 def bounds_table(

@@ -108,27 +108,38 @@ class RecordCodec:
 
     def encode(self, key: bytes, payload: memoryview | bytes) -> bytes:
         """The record for ``key`` holding ``payload`` (one copy of the payload)."""
+        out = bytearray(self.header_bytes(key) + len(payload))
+        return bytes(self.encode_into(out, key, payload))
+
+    def encode_into(
+        self, out: bytearray, key: bytes, payload: memoryview | bytes
+    ) -> memoryview:
+        """Write the record into ``out`` (reused across calls: no allocation per record).
+
+        Returns the view of ``out`` that holds the record; ``out`` must stay untouched until
+        the view has been sent.
+        """
         signed = self.secret is not None
         alg = self.alg_id
-        prefix = (
-            _FIXED.pack(
-                MAGIC,
-                FORMAT_VERSION,
-                FLAG_SIGNED if signed else 0,
-                alg,
-                0,
-                len(self.namespace),
-                len(key),
-                len(payload),
-            )
-            + self.namespace
-            + key
+        ns_len, key_len, size = len(self.namespace), len(key), len(payload)
+        digest_at = _FIXED.size + ns_len + key_len
+        payload_at = digest_at + DIGEST_BYTES
+        total = payload_at + size
+        if len(out) < total:
+            out.extend(bytes(total - len(out)))
+        view = memoryview(out)[:total]
+        _FIXED.pack_into(
+            view, 0, MAGIC, FORMAT_VERSION, FLAG_SIGNED if signed else 0, alg, 0,
+            ns_len, key_len, size,
         )
+        view[_FIXED.size : _FIXED.size + ns_len] = self.namespace
+        view[_FIXED.size + ns_len : digest_at] = key
+        view[payload_at:] = payload
         hasher = self._hasher(alg, signed)
-        hasher.update(prefix)
-        hasher.update(payload)
-        digest = hasher.digest().ljust(DIGEST_BYTES, b"\0")
-        return b"".join((prefix, digest, payload))
+        hasher.update(view[:digest_at])
+        hasher.update(view[payload_at:])
+        view[digest_at:payload_at] = hasher.digest().ljust(DIGEST_BYTES, b"\0")
+        return view
 
     def payload_of(self, key: bytes, record: bytes | memoryview) -> memoryview:
         """The verified payload of ``record`` stored under ``key`` (a view, no copy).

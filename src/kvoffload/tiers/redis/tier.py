@@ -226,6 +226,7 @@ class RedisTier(Tier):
         self._check_server()
 
         self._lock = threading.Lock()
+        self._local = threading.local()
         self._pool = cf.ThreadPoolExecutor(workers, thread_name_prefix="kvoffload-redis")
         self._lookup_pool = cf.ThreadPoolExecutor(1, thread_name_prefix="kvoffload-redis-lookup")
         self._futures: dict[cf.Future[None], tuple[int, JobKind, list[OffloadKey], int]] = {}
@@ -578,9 +579,10 @@ class RedisTier(Tier):
         px = self.ttl_ms or None
         for piece in self._pieces(len(keys), self.memory.slot_bytes):
             names = [self._name(keys[i]) for i in piece]
+            buffers = self._record_buffers(len(piece))
             records = {
-                name: self.codec.encode(keys[i], self.memory.slot_view(slots[i]))
-                for name, i in zip(names, piece, strict=True)
+                name: self.codec.encode_into(buf, keys[i], self.memory.slot_view(slots[i]))
+                for name, i, buf in zip(names, piece, buffers, strict=False)
             }
             answers = self._pipelined(
                 names, functools.partial(_set_absent, records=records, px=px)
@@ -599,6 +601,16 @@ class RedisTier(Tier):
                         self._stats["records_existing"] += 1
                     self._remember(keys[i], Presence.HIT, now)
         return self._result(job_id, JobKind.PUT, keys, ok, generation, written, started, reasons)
+
+    def _record_buffers(self, count: int) -> list[bytearray]:
+        """This thread's reusable record buffers (no 2 MiB allocation and free per record)."""
+        buffers: list[bytearray] | None = getattr(self._local, "buffers", None)
+        if buffers is None:
+            buffers = self._local.buffers = []
+        size = self.codec.header_bytes(bytes(64)) + self.memory.slot_bytes
+        while len(buffers) < count:
+            buffers.append(bytearray(size))
+        return buffers[:count]
 
     def _run_get(
         self, job_id: int, keys: list[OffloadKey], slots: list[int], generation: int
@@ -763,7 +775,9 @@ class RedisTier(Tier):
             self._client.close()
 
 
-def _set_absent(pipe: Any, name: bytes, *, records: dict[bytes, bytes], px: int | None) -> object:
+def _set_absent(
+    pipe: Any, name: bytes, *, records: dict[bytes, memoryview], px: int | None
+) -> object:
     """Queue ``SET name record NX [PX px]``: never overwrite, one round trip."""
     return pipe.set(name, records[name], nx=True, px=px)
 
