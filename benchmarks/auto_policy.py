@@ -39,7 +39,7 @@ def _cells(label: str, trace: Trace, percents: Sequence[float], policies: list[s
         ratios = {p: r.prefix_hit_ratio for p, r in results.items()}
         best = max(ratios[p] for p in DEFAULT_CANDIDATES)
         auto = ratios["auto"]
-        switches = int(results["auto"].manager_stats.get("policy_switches", 0))
+        switches = int(results["auto"].manager_stats.get("policy_auto_switches", 0))
         ok = auto >= 0.98 * best and auto > ratios["lru"]
         met.append(ok)
         print(

@@ -3,7 +3,9 @@
 Offered and loaded keys may repeat within a call (a repeated store offer counts once, at its
 first place; each repeated load is one more pin), and resets come while jobs are in flight:
 their slots stay held (never handed out) until their stale completions arrive or
-``release_stale_slots`` says they are done.
+``release_stale_slots`` says they are done. ``switch_policy`` to any built-in comes at any
+step: the model does not change (no block, slot, pin or pending write is lost), and every
+later eviction is checked against it as before.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from kvoffload.keys import OffloadKey, make_offload_key
 from kvoffload.policies import CachePolicyFactory
 
 KEY_POOL = 14
+POLICIES = CachePolicyFactory.registered_names()
 
 
 def k(i: int) -> OffloadKey:
@@ -63,7 +66,10 @@ def make_machine(policy: str) -> type[RuleBasedStateMachine]:
             # generation that ended -> key -> held slot. With a block table each slot comes
             # back with its own last job; without one, all of a generation's come back together.
             self.held: dict[int, dict[OffloadKey, Held]] = {}
-            self.precise = self.m.policy.block_table is not None
+            # Whether each ended generation's slots come back one by one (set at the reset:
+            # the policy then may differ from the one now, after a switch).
+            self.precise: dict[int, bool] = {}
+            self.switches = 0
 
         def held_slots(self) -> set[int]:
             return {h.slot for by_key in self.held.values() for h in by_key.values()}
@@ -72,7 +78,7 @@ def make_machine(policy: str) -> type[RuleBasedStateMachine]:
             by_key = self.held.get(generation)
             if by_key is None:
                 return
-            if self.precise:
+            if self.precise[generation]:
                 held = by_key.get(key)
                 if held is not None:
                     held.jobs -= 1
@@ -169,6 +175,7 @@ def make_machine(policy: str) -> type[RuleBasedStateMachine]:
             }
             if in_flight:
                 self.held[self.generation] = in_flight
+                self.precise[self.generation] = self.m.policy.block_table is not None
             self.generation += 1
             self.blocks.clear()
 
@@ -177,6 +184,21 @@ def make_machine(policy: str) -> type[RuleBasedStateMachine]:
         def release_stale_slots(self) -> None:
             assert self.m.release_stale_slots() == len(self.held_slots())
             self.held.clear()
+
+        @rule(new_policy=st.sampled_from(POLICIES))
+        def switch_policy(self, new_policy: str) -> None:
+            if self.m.policy.block_table is None:  # the stored keys are unknown: refused
+                old = self.m.policy
+                with pytest.raises(ValueError, match="block_table"):
+                    self.m.switch_policy(new_policy)
+                assert self.m.policy is old
+                return
+            report = self.m.switch_policy(new_policy)
+            self.switches += 1
+            assert report.moved == len(self.blocks)
+            assert report.pending == sum(b.pending for b in self.blocks.values())
+            assert report.pinned == sum(b.pins > 0 for b in self.blocks.values())
+            assert self.m.get_stats().policy_switches == self.switches
 
         @rule(i=st.integers(0, KEY_POOL - 1))
         def lookup(self, i: int) -> None:

@@ -64,6 +64,7 @@ _COUNTERS = {
     "stale_completions": "Completions of jobs prepared before a reset (ignored).",
     "duplicate_completions": "Repeated completions of already-ready blocks (ignored).",
     "resets": "Calls to reset_cache.",
+    "policy_switches": "Live replacements of the eviction policy (switch_policy).",
 }
 _GAUGES = {
     "num_blocks": "Capacity in blocks.",
@@ -76,6 +77,7 @@ _GAUGES = {
     "pending_ratio": "Blocks being written / capacity.",
     "pinned_ratio": "Blocks being read / capacity.",
 }
+_NOT_IN_NAME = re.compile(r"[^a-zA-Z0-9:]*[^a-zA-Z0-9_:][^a-zA-Z0-9:]*")
 _LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*\Z")
 _PREFIX = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*\Z")
 
@@ -133,7 +135,11 @@ class ManagerCollector(Collector):
         for name, doc in _GAUGES.items():
             yield "gauge", f"{self.prefix}_{name}", doc, float(values[name])
         for name, value in stats.policy.items():
-            yield "gauge", f"{self.prefix}_policy_{name}", f"Policy gauge '{name}'.", float(value)
+            # A gauge may name a policy with params ("shadow_mq(lifetime=50)_hit_ratio"):
+            # each run of characters a metric name cannot hold (with the "_"s around it)
+            # becomes one "_".
+            metric = _NOT_IN_NAME.sub("_", name).strip("_")
+            yield "gauge", f"{self.prefix}_policy_{metric}", f"Policy gauge '{name}'.", float(value)
 
     def collect(self) -> Iterator[Any]:
         return _families(list(self.labels), [self])

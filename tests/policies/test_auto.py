@@ -44,7 +44,7 @@ def test_auto_switches_once_to_the_better_candidate(caplog: pytest.LogCaptureFix
     assert [(s.old, s.new) for s in auto.switches] == [("fifo", "lru")]
     assert sum("auto: switched fifo -> lru" in r.message for r in caplog.records) == 1
     stats = manager.get_stats().policy
-    assert stats["switches"] == 1 and stats["active_index"] == 1
+    assert stats["auto_switches"] == 1 and stats["active_index"] == 1
     assert stats["shadow_lru_hit_ratio"] > stats["shadow_fifo_hit_ratio"]
     # The manager's cached block table is auto's own: still the one the active policy fills.
     table = auto.block_table
@@ -60,7 +60,7 @@ def test_equal_candidates_never_switch() -> None:
     params = {"candidates": "lru,prefix-lru", "sample_rate": 1.0, "window": 50}
     manager = CPUOffloadingManager(50, "auto", cache_policy_params=params)
     _run(manager, _hot_and_scan(3000))
-    assert manager.policy.stats()["switches"] == 0
+    assert manager.policy.stats()["auto_switches"] == 0
 
 
 def test_auto_hits_equal_its_candidate_while_it_does_not_switch() -> None:
@@ -69,7 +69,7 @@ def test_auto_hits_equal_its_candidate_while_it_does_not_switch() -> None:
     auto = CPUOffloadingManager(100, "auto", cache_policy_params=params)
     lru = CPUOffloadingManager(100, "lru")
     assert _run(auto, ids) == _run(lru, ids)
-    assert auto.policy.stats()["switches"] == 0
+    assert auto.policy.stats()["auto_switches"] == 0
 
 
 def test_bad_candidates_are_clear_errors() -> None:

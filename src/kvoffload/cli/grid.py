@@ -9,6 +9,7 @@ from typing import Any
 
 from kvoffload.cli import inputs, output
 from kvoffload.cli.errors import UserError
+from kvoffload.cli.shadow_report import shadow_rows, shadow_table
 from kvoffload.sim.capacity import Capacity
 from kvoffload.sim.records import Trace
 from kvoffload.sim.sweep import SweepResult, run_sweep
@@ -89,10 +90,17 @@ def run_grid(args: argparse.Namespace, default_caps: str) -> Grid:
 
 
 def report(args: argparse.Namespace, grid: Grid) -> int:
-    """Print the results (table or JSON), then write the files; 1 if a file failed."""
+    """Print the results (table or JSON), then write the files; 1 if a file failed.
+
+    With ``--shadow`` candidates the shadow estimates follow (``"shadow"`` in JSON).
+    """
     trace, sweep = grid.trace, grid.sweep
     labels = [c.label for c in grid.capacities] if sweep.bounds else []
     record = output.sweep_record(trace, sweep, labels, args.timing)
+    candidates = inputs.shadow_candidates(args)
+    rows = shadow_rows(sweep.results, candidates) if candidates else []
+    if rows:
+        record["shadow"] = rows
     if args.format == "json":
         output.emit_json(record)
     else:
@@ -105,6 +113,13 @@ def report(args: argparse.Namespace, grid: Grid) -> int:
         ]
         if any(r.tiers is not None for r in sweep.results):
             items += [tables.tiers_table(sweep.results), tables.tiers_legend(sweep.results)]
+        if rows:
+            items += [
+                shadow_table(rows),
+                "estimated: the candidate's miniature on the sampled keys (block hit ratio), "
+                "read from the first policy's replay; actual: its own full replay; error = "
+                "estimated - actual block hit ratio.",
+            ]
         output.print_rich(*items)
     title = (args.trace and args.trace.rsplit("/", 1)[-1]) or "generated workload"
     errors = output.write_outputs(args.output, args.plot, record, sweep, title, args.timing)

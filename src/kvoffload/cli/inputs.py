@@ -226,6 +226,32 @@ def policies(args: argparse.Namespace) -> list[PolicySpec]:
     return specs
 
 
+def shadow_candidates(args: argparse.Namespace) -> list[str]:
+    """The ``--shadow`` candidates (comma-separated, repeatable), checked; [] without it."""
+    names = [
+        name.strip() for item in getattr(args, "shadow", None) or () for name in item.split(",")
+    ]
+    names = list(dict.fromkeys(name for name in names if name))
+    for name in names:
+        try:
+            create_cache_policy(name, 1, None, {})
+        except (ValueError, TypeError, ImportError) as exc:
+            raise UserError(f"--shadow: {exc}") from None
+    return names
+
+
+def shadow_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The ReplayOptions fields of ``--shadow`` / ``--shadow-rate`` / ``--shadow-min-blocks``."""
+    names = shadow_candidates(args)
+    if not names:
+        return {}
+    return {
+        "shadow_policies": tuple(names),
+        "shadow_sample_rate": args.shadow_rate,
+        "shadow_min_blocks": args.shadow_min_blocks,
+    }
+
+
 def replay_options(args: argparse.Namespace) -> ReplayOptions:
     admission = None
     if args.admission:
@@ -248,6 +274,7 @@ def replay_options(args: argparse.Namespace) -> ReplayOptions:
             skip_partial_tail=args.skip_partial_tail,
             partial_store=args.partial_store,
             admission=admission,
+            **shadow_options(args),
         )
     except (ValueError, TypeError) as exc:
         raise UserError(str(exc)) from None
@@ -261,6 +288,8 @@ __all__ = [
     "policy_names",
     "policy_params",
     "replay_options",
+    "shadow_candidates",
+    "shadow_options",
     "tier_capacities",
     "workload_config",
 ]

@@ -89,6 +89,8 @@ class OffloadingStats:
     #: Slots of jobs that were in flight at a reset and have not completed yet: neither
     #: stored nor free (a write or read may still be using their bytes).
     held_blocks: int = 0
+    #: Calls to ``switch_policy`` (live policy replacements).
+    policy_switches: int = 0
 
     @property
     def fill_ratio(self) -> float:

@@ -27,6 +27,7 @@ class Counters:
     stale_completions: int = 0
     duplicate_completions: int = 0
     resets: int = 0
+    policy_switches: int = 0
 
     @property
     def misses(self) -> int:

@@ -26,7 +26,15 @@ from kvoffload.manager.keyargs import check_key_types, describe_key, key_list, w
 from kvoffload.manager.locked import locked_class
 from kvoffload.manager.pool import SlotPool
 from kvoffload.manager.records import RequestRecord
-from kvoffload.policies import BlockStatus, CachePolicy, create_cache_policy
+from kvoffload.manager.state import decode_manager_state, encode_manager_state
+from kvoffload.policies import (
+    BlockStatus,
+    CachePolicy,
+    SwitchReport,
+    create_cache_policy,
+    switch_resident_set,
+)
+from kvoffload.policies.shadow import CandidateSpec, ShadowEvaluator
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +62,13 @@ class CPUOffloadingManager(OffloadingManager):
         partial_store: store the longest prefix that fits instead of nothing.
         thread_safe: guard every public method with one lock (the instance's class becomes
             ``locked_class(cls)``); without it, a call from a second thread raises.
+        shadow_policies: candidate policies (names, ``(name, params)`` pairs, or one
+            comma-separated string) to evaluate on the live key stream: each request's keys
+            (once each, where the policy is touched) feed a
+            :class:`~kvoffload.policies.shadow.ShadowEvaluator`, and ``get_stats().policy``
+            carries each candidate's estimate as ``shadow_<name>_hit_ratio``.
+        shadow_sample_rate: share of the key space the shadows sample (SHARDS rate).
+        shadow_min_blocks: raise the rate so each miniature holds at least this many blocks.
 
     For drivers that bypass the public calls for speed (the simulator's blocks mode,
     :func:`kvoffload.sim.drive.access_blocks`) the manager exposes its parts: ``pool``,
@@ -74,6 +89,9 @@ class CPUOffloadingManager(OffloadingManager):
         skip_partial_tail: bool = False,
         partial_store: bool = False,
         thread_safe: bool = False,
+        shadow_policies: str | Sequence[CandidateSpec] | None = None,
+        shadow_sample_rate: float = 0.01,
+        shadow_min_blocks: int = 256,
     ) -> None:
         if isinstance(num_blocks, bool) or not isinstance(num_blocks, int):
             raise TypeError(f"num_blocks must be an int, got {type(num_blocks).__name__}")
@@ -104,6 +122,17 @@ class CPUOffloadingManager(OffloadingManager):
         self._thread_safe = thread_safe
         self._policy = policy
         self._bind_policy()
+        self._last_timestamp: float | None = None  # the latest request's, for switch_policy
+        self._shadow: ShadowEvaluator | None = None
+        if shadow_policies is not None:
+            if isinstance(shadow_policies, str):
+                shadow_policies = [n.strip() for n in shadow_policies.split(",") if n.strip()]
+            self._shadow = ShadowEvaluator(
+                num_blocks,
+                shadow_policies,
+                sample_rate=shadow_sample_rate,
+                min_shadow_blocks=shadow_min_blocks,
+            )
         if thread_safe:
             self._lock = threading.RLock()
             self.__class__ = locked_class(type(self))
@@ -128,6 +157,109 @@ class CPUOffloadingManager(OffloadingManager):
     def policy(self) -> CachePolicy:
         """The eviction policy instance (read-only access for introspection)."""
         return self._policy
+
+    def switch_policy(
+        self,
+        cache_policy: str | CachePolicy,
+        cache_policy_module_path: str | None = None,
+        req_context: ReqContext | None = None,
+        **params: Any,
+    ) -> SwitchReport:
+        """Replace the eviction policy on the live cache, dropping no block.
+
+        ``cache_policy`` is a name (with ``params`` for its constructor, as
+        ``cache_policy_params`` at construction) or a fresh, empty ``CachePolicy`` holding
+        ``num_blocks``. The resident set moves into the new policy in the old one's eviction
+        order (:func:`~kvoffload.policies.switching.switch_resident_set`): the block the old
+        policy would have evicted first is the new one's first victim too; pinned and pending
+        blocks stay protected (their completions reach the new policy as usual). The current
+        policy must keep a ``block_table`` (every built-in does). Raises before anything
+        changes when the new policy cannot be built or cannot take the blocks.
+
+        The moves are made under ``req_context`` (default: a context stamped with the latest
+        request's ``timestamp``), so a policy that keeps time by the requests' timestamps
+        (``kvaware``) stays on their clock: without one it would count a logical tick per
+        moved block and run ahead of the requests' time for as long as that took to catch up
+        (at 10% of the shared trace, a switch to ``kvaware`` half-way lost 37% of the second
+        half's hits that way).
+        """
+        self._check_entry()
+        if isinstance(cache_policy, CachePolicy):
+            if params or cache_policy_module_path is not None:
+                raise ValueError("params cannot be used with a policy instance")
+            new = cache_policy
+        elif isinstance(cache_policy, str):
+            new = create_cache_policy(
+                cache_policy, self.num_blocks, cache_policy_module_path, dict(params)
+            )
+        else:
+            raise TypeError(
+                "cache_policy must be a policy name or a CachePolicy instance, got "
+                f"{type(cache_policy).__name__}"
+            )
+        old = self._policy
+        if new is old:
+            raise ValueError("cache_policy is the current policy; pass a fresh one")
+        if old.block_table is None:
+            raise ValueError(
+                f"switch_policy needs the current policy's block_table; {type(old).__name__} "
+                "keeps none, so the stored keys are unknown"
+            )
+        if req_context is None:
+            req_context = ReqContext(req_id="kvoffload-switch", timestamp=self._last_timestamp)
+        report = switch_resident_set(old, new, req_context=req_context)
+        self._policy = new
+        self._bind_policy()
+        self._counters.policy_switches += 1
+        logger.info(
+            "kvoffload: switched policy %s -> %s (%d ready, %d pinned, %d pending blocks moved)",
+            type(old).__name__,
+            type(new).__name__,
+            report.evictable,
+            report.pinned,
+            report.pending,
+        )
+        return report
+
+    # ----------------------------------------------------------------- warm restarts
+    def export_state(self) -> bytes:
+        """The cache's state for a warm restart (:meth:`from_state`): the policy's whole
+        state (order, frequencies, ghosts, and the stored keys with their slots) as JSON.
+
+        Jobs in flight, counters, admission offer counts and shadows are not in it (see
+        :mod:`kvoffload.manager.state`); the current policy must keep a ``block_table``.
+        """
+        self._check_entry()
+        return encode_manager_state(self.num_blocks, self._policy)
+
+    @classmethod
+    def from_state(cls, data: bytes | str, **options: Any) -> CPUOffloadingManager:
+        """A manager that resumes the cache :meth:`export_state` saved: the same blocks in the
+        same slots, and a policy that makes the same decisions as the saved one would have.
+
+        ``options`` are the constructor's other arguments (``enable_events``, ``admission``,
+        ``thread_safe``, ``shadow_policies``, ...); the capacity and the policy come from
+        ``data``. Blocks that were being written are dropped; pins are released.
+        """
+        for name in (
+            "num_blocks",
+            "cache_policy",
+            "cache_policy_module_path",
+            "cache_policy_params",
+        ):
+            if name in options:
+                raise TypeError(f"from_state: {name} comes from the saved state, not an option")
+        num_blocks, policy, statuses = decode_manager_state(data)
+        manager = cls(num_blocks, cache_policy=policy, **options)
+        table = policy.block_table
+        stored = [status.block_id for status in table.values()] if table is not None else []
+        manager._pool.restore(statuses, stored)
+        return manager
+
+    @property
+    def shadows(self) -> ShadowEvaluator | None:
+        """The shadow evaluator fed by the live key stream (``shadow_policies``), or None."""
+        return self._shadow
 
     @property
     def generation(self) -> int:
@@ -178,6 +310,8 @@ class CPUOffloadingManager(OffloadingManager):
         if record is None:
             record = RequestRecord(self._generation)
             ctx.set_state(record)
+            if ctx.timestamp is not None:  # once per request: the clock a switch goes by
+                self._last_timestamp = ctx.timestamp
         elif record.generation != self._generation:
             record.start_generation(self._generation)  # the request outlived a reset
         return record
@@ -232,6 +366,8 @@ class CPUOffloadingManager(OffloadingManager):
                     fresh.append(key)
         if fresh:
             self._policy.touch(fresh, ctx)
+            if self._shadow is not None:
+                self._shadow.record(fresh, ctx)
 
     # --------------------------------------------------------------- the API
     def lookup(self, key: OffloadKey, ctx: ReqContext | None = None) -> LookupResult:
@@ -327,6 +463,8 @@ class CPUOffloadingManager(OffloadingManager):
         if ctx is None:
             self._check_entry()
             self._policy.touch(list(keys), None)
+            if self._shadow is not None:
+                self._shadow.record(keys, None)
             return
         self._touch_once(self.request_record(ctx), keys, ctx)
 
@@ -386,6 +524,9 @@ class CPUOffloadingManager(OffloadingManager):
         # One access per request and key, misses included (ghost learning), head first.
         if self._touch_misses or accessed is not absent:
             self._touch_once(record, accessed, ctx)
+        elif self._shadow is not None:  # the policy skips misses; the shadows need them
+            touched = record.touched
+            self._shadow.record([key for key in accessed if key not in touched], ctx)
         if not to_store:
             return PrepareStoreOutput([], CPULoadStoreSpec([], self._generation), [])
         evicted_keys: list[OffloadKey] = []
@@ -490,6 +631,8 @@ class CPUOffloadingManager(OffloadingManager):
         if record is not None:
             record.touched.clear()
         self._policy.on_request_finished(ctx)
+        if self._shadow is not None:
+            self._shadow.request_finished(ctx)
 
     def take_events(self) -> list[OffloadingEvent]:
         self._check_entry()
@@ -566,10 +709,17 @@ class CPUOffloadingManager(OffloadingManager):
             stale_completions=c.stale_completions,
             duplicate_completions=c.duplicate_completions,
             resets=c.resets,
+            policy_switches=c.policy_switches,
             generation=self._generation,
-            policy=dict(self._policy.stats()),
+            policy=self._policy_gauges(),
             held_blocks=pool.num_held,
         )
+
+    def _policy_gauges(self) -> dict[str, float]:
+        gauges = dict(self._policy.stats())
+        if self._shadow is not None:
+            gauges.update(self._shadow.stats())
+        return gauges
 
     def shutdown(self) -> None:
         """Stop: every later call except ``get_stats``/``has_pending_work`` raises

@@ -155,6 +155,22 @@ class SlotPool:
             status.ref_cnt = 0
             self.free.append(status)
 
+    def restore(self, statuses: list[BlockStatus], stored: Iterable[int]) -> None:
+        """Start from a saved cache: ``statuses`` has one status per slot (``capacity`` of
+        them), those of the ``stored`` slots hold ready, unpinned blocks; the rest are free."""
+        if len(statuses) != self.capacity:
+            raise ValueError(f"restore needs {self.capacity} slot statuses, got {len(statuses)}")
+        taken = set(stored)
+        self.next_fresh = self.capacity
+        self._statuses = list(statuses)
+        self.free = [s for s in reversed(statuses) if s.block_id not in taken]
+        for status in self.free:
+            status.ref_cnt = 0
+        self.num_pending = 0
+        self.num_evictable = len(taken)
+        self._held.clear()
+        self._held_slots.clear()
+
     # ------------------------------------------------------------------ resets
     def in_flight(self) -> list[BlockStatus]:
         """Statuses of the stored blocks being written or read (a scan; for resets)."""

@@ -14,6 +14,7 @@ from kvoffload.policies.factory import (
     create_cache_policy,
     get_cache_policy_cls,
 )
+from kvoffload.policies.switching import SwitchReport, switch_resident_set
 
 #: (name, module, class, one-line description). The description must equal the first line of
 #: the class docstring (a test checks it), so listings need no import.
@@ -146,8 +147,10 @@ __all__ = [
     "CachePolicy",
     "CachePolicyFactory",
     "PolicyInfo",
+    "SwitchReport",
     "Victims",
     "available_cache_policies",
     "create_cache_policy",
     "get_cache_policy_cls",
+    "switch_resident_set",
 ]

@@ -23,7 +23,8 @@ A switch builds the new candidate and moves the resident set into it with
 :func:`~kvoffload.policies.switching.switch_resident_set` (no block dropped, pins and pending
 writes kept). The block table is ``auto``'s own dict and never changes identity, so a manager
 that caches ``block_table`` stays right across switches. Each switch logs one INFO line,
-is listed in :attr:`AutoCachePolicy.switches` and counted in ``stats()``, which also carries the
+is listed in :attr:`AutoCachePolicy.switches` and counted in ``stats()`` (``auto_switches``;
+``switches`` would collide with the manager's ``policy_switches`` counter), which also carries the
 active candidate's index and every shadow estimate.
 """
 
@@ -284,7 +285,7 @@ class AutoCachePolicy(CachePolicy):
         out: dict[str, float] = {
             "blocks": float(len(self._blocks)),
             "active_index": float(self._active_index),
-            "switches": float(len(self._switches)),
+            "auto_switches": float(len(self._switches)),
         }
         out.update(self._shadows.stats())
         for key, value in self._active.stats().items():

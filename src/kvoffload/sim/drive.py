@@ -7,7 +7,7 @@ same policy calls and leaves the same counters, slots and statuses as that per-k
 sequence (``tests/sim/test_drive.py`` checks it), without its per-call cost: the blocks mode
 is bound by it. It works on the manager's driver parts (``pool``, ``counters``,
 ``status_getter``, ``touches_misses``, ``request_record``); with admission filters or events
-on, it makes exactly the public calls.
+or shadow policies on, it makes exactly the public calls.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ def access_blocks(
     m: CPUOffloadingManager, keys: Sequence[OffloadKey], ctx: ReqContext
 ) -> BlockAccesses:
     """Each of ``keys`` as an independent access to ``m``, in order (see the module)."""
-    if m.admission is not None or m.events_enabled:
+    if m.admission is not None or m.events_enabled or m.shadows is not None:
         return access_blocks_by_calls(m, keys, ctx)
     record = m.request_record(ctx)
     touched = record.touched

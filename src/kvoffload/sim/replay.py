@@ -86,6 +86,11 @@ class ReplayOptions:
         skip_partial_tail: never store a request's last, partial block.
         partial_store: store the longest prefix that fits when a whole store does not.
         admission: a factory for extra admission filters (called once per replay).
+        shadow_policies: candidates the manager evaluates on the replayed key stream
+            (its ``shadow_policies``; their estimates are in ``manager_stats`` as
+            ``policy_shadow_<name>_hit_ratio``).
+        shadow_sample_rate: the shadows' SHARDS sampling rate.
+        shadow_min_blocks: the smallest miniature (raises the rate for small caches).
     """
 
     mode: str = "prefix"
@@ -97,6 +102,9 @@ class ReplayOptions:
     skip_partial_tail: bool = False
     partial_store: bool = False
     admission: Callable[[], AdmissionFilter] | None = None
+    shadow_policies: tuple[str, ...] = ()
+    shadow_sample_rate: float = 0.01
+    shadow_min_blocks: int = 256
 
     def __post_init__(self) -> None:
         if self.mode not in REPLAY_MODES:
@@ -235,6 +243,9 @@ def build_manager(
         admission=options.admission() if options.admission is not None else None,
         skip_partial_tail=options.skip_partial_tail,
         partial_store=options.partial_store,
+        shadow_policies=list(options.shadow_policies) or None,
+        shadow_sample_rate=options.shadow_sample_rate,
+        shadow_min_blocks=options.shadow_min_blocks,
     )
 
 

@@ -53,6 +53,7 @@ from kvoffload.manager import (
     RequestOffloadingContext,
 )
 from kvoffload.manager.keyargs import key_list
+from kvoffload.policies import CachePolicy, SwitchReport
 from kvoffload.tiers.base import JobKind, Presence, SlotMemory, Tier, TierResult
 from kvoffload.tiers.breaker import BREAKER_GAUGE, BreakerState, CircuitBreaker
 
@@ -335,6 +336,18 @@ class TieringManager(OffloadingManager):
     def tier_state(self, index: int) -> Mapping[str, Any]:
         """One tier's stats (what ``get_stats().tiers[label]`` holds)."""
         return self._tier_stats(self._tiers[index])
+
+    def switch_policy(
+        self,
+        cache_policy: str | CachePolicy,
+        cache_policy_module_path: str | None = None,
+        req_context: ReqContext | None = None,
+        **params: Any,
+    ) -> SwitchReport:
+        """Replace the CPU tier's eviction policy live (see
+        :meth:`CPUOffloadingManager.switch_policy`): no block dropped, and the blocks held
+        for writes to the secondaries stay pinned."""
+        return self.cpu.switch_policy(cache_policy, cache_policy_module_path, req_context, **params)
 
     def promotions_in_flight(self) -> int:
         """Blocks being promoted into the CPU tier (queued or read): they read ``HIT_PENDING``."""
