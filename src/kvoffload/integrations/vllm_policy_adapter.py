@@ -38,7 +38,7 @@ from kvoffload.integrations.vllm_api import (
     get_offload_group_idx,
 )
 from kvoffload.keys import OffloadKey
-from kvoffload.policies.base import BlockStatus, CachePolicy, Victims
+from kvoffload.policies.base import BlockStatus, CachePolicy, Victims, already_stored
 
 
 class LiveChunkStatus(ChunkStatus):  # type: ignore[misc]
@@ -132,10 +132,20 @@ class VllmPolicyAdapter(CachePolicy):
     def insert(
         self, key: OffloadKey, block: BlockStatus, req_context: ReqContext | None = None
     ) -> None:
+        if self.vllm_policy.get(key) is not None:  # our contract (vLLM's policies overwrite)
+            raise already_stored(key)
         vllm_ctx = self._vllm_context(req_context, (key,))
         self.vllm_policy.insert(key, LiveChunkStatus(block), vllm_ctx)
         if req_context is not None:
             self._access(req_context).inserted.add(key)
+
+    def _require_absent(self, keys: Sequence[OffloadKey]) -> None:
+        """The base's double-insert check, against the vLLM policy's own table."""
+        seen: set[OffloadKey] = set()
+        for key in keys:
+            if key in seen or self.vllm_policy.get(key) is not None:
+                raise already_stored(key)
+            seen.add(key)
 
     def remove(self, key: OffloadKey) -> None:
         self.vllm_policy.remove(key)
