@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-import random
-
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from replay_helpers import (
+    TRACE_FRACTIONS,
+    assert_same_hits_on_random_sequences,
+    assert_same_hits_on_trace,
+)
 
 from kvoffload.keys import OffloadKey
 from kvoffload.policies.base import BlockStatus
@@ -28,17 +31,7 @@ class TestLRUConformance(PolicyConformanceSuite):
 
 
 def test_matches_libcachesim_on_random_sequences() -> None:
-    rng = random.Random(7)
-    for _ in range(150):
-        universe = rng.randint(1, 60)
-        capacity = rng.randint(1, 16)
-        skewed = rng.random() < 0.5
-        seq = [
-            int(rng.paretovariate(1.2)) % universe if skewed else rng.randrange(universe)
-            for _ in range(rng.randint(1, 500))
-        ]
-        ours = drive_single_blocks(LRUCachePolicy(capacity), seq)
-        assert ours == libcachesim_hits(capacity, seq), (capacity, seq)
+    assert_same_hits_on_random_sequences(LRUCachePolicy, libcachesim_hits, seed=7)
 
 
 @settings(max_examples=60, deadline=None)
@@ -50,11 +43,9 @@ def test_matches_libcachesim_hypothesis(capacity: int, seq: list[int]) -> None:
     assert drive_single_blocks(LRUCachePolicy(capacity), seq) == libcachesim_hits(capacity, seq)
 
 
-@pytest.mark.parametrize("fraction", [0.01, 0.05, 0.10, 0.25])
+@pytest.mark.parametrize("fraction", TRACE_FRACTIONS)
 def test_matches_libcachesim_on_shared_trace(fraction: float, flat_trace: list[int]) -> None:
-    capacity = int(len(set(flat_trace)) * fraction)
-    ours = drive_single_blocks(LRUCachePolicy(capacity), flat_trace)
-    assert ours == libcachesim_hits(capacity, flat_trace)
+    assert_same_hits_on_trace(LRUCachePolicy, libcachesim_hits, flat_trace, fraction)
 
 
 def test_shared_trace_lru_figures_match_trace_readme(flat_trace: list[int]) -> None:
