@@ -66,7 +66,7 @@ from vllm.v1.kv_offload.base import (
 from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager, TransferJob
 
 from kvoffload.keys import OffloadKey, namespace_fingerprint
-from kvoffload.tiers.base import JobKind, Presence, Tier, TierResult
+from kvoffload.tiers.base import JobKind, MemoryviewSlotMemory, Presence, Tier, TierResult
 
 logger = logging.getLogger(__name__)
 
@@ -79,8 +79,11 @@ __all__ = [
 ]
 
 
-class PrimaryViewSlots:
-    """vLLM's primary memory view (``(num_chunks, row_stride)`` bytes) as our ``SlotMemory``."""
+class PrimaryViewSlots(MemoryviewSlotMemory):
+    """vLLM's primary memory view (``(num_chunks, row_stride)`` bytes) as our ``SlotMemory``.
+
+    ``release()`` drops our export of vLLM's buffer, so vLLM can unmap it at shutdown.
+    """
 
     def __init__(self, view: memoryview) -> None:
         if view.ndim != 2 or not view.c_contiguous:
@@ -88,27 +91,7 @@ class PrimaryViewSlots:
                 "vLLM's primary view must be a C-contiguous (num_chunks, row_bytes) memoryview, "
                 f"got ndim={view.ndim}, c_contiguous={view.c_contiguous}"
             )
-        self._num_slots = view.shape[0] if view.shape else 0
-        self._slot_bytes = view.strides[0] if view.strides else 0
-        self._flat = view.cast("B")
-
-    @property
-    def slot_bytes(self) -> int:
-        return self._slot_bytes
-
-    @property
-    def num_slots(self) -> int:
-        return self._num_slots
-
-    def slot_view(self, slot: int) -> memoryview:
-        if not 0 <= slot < self._num_slots:
-            raise ValueError(f"chunk id must be in [0, {self._num_slots}), got {slot}")
-        start = slot * self._slot_bytes
-        return self._flat[start : start + self._slot_bytes]
-
-    def release(self) -> None:
-        """Drop our export of vLLM's buffer, so vLLM can unmap it at shutdown."""
-        self._flat.release()
+        super().__init__(view, view.strides[0] if view.strides else 0)
 
 
 def check_tier_config(

@@ -90,19 +90,21 @@ class SlotMemory(Protocol):
     def slot_view(self, slot: int) -> memoryview: ...
 
 
-class BytearraySlotMemory:
-    """``num_slots`` slots of ``slot_bytes`` bytes in one ``bytearray`` (no torch needed)."""
+class MemoryviewSlotMemory:
+    """Slots of ``slot_bytes`` bytes laid end to end in one flat byte ``memoryview``.
 
-    def __init__(self, slot_bytes: int, num_slots: int) -> None:
-        for name, value in (("slot_bytes", slot_bytes), ("num_slots", num_slots)):
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-            if value <= 0:
-                raise ValueError(f"{name} must be >= 1, got {value}")
+    The one slicing rule every ``SlotMemory`` over a plain buffer shares (a bytearray here, an
+    engine's shared-memory region in the vLLM adapter).
+    """
+
+    def __init__(self, view: memoryview, slot_bytes: int) -> None:
+        if isinstance(slot_bytes, bool) or not isinstance(slot_bytes, int):
+            raise TypeError(f"slot_bytes must be an int, got {type(slot_bytes).__name__}")
+        if slot_bytes <= 0:
+            raise ValueError(f"slot_bytes must be >= 1, got {slot_bytes}")
+        self._view = view.cast("B") if view.format != "B" or view.ndim != 1 else view
         self._slot_bytes = slot_bytes
-        self._num_slots = num_slots
-        self.buffer = bytearray(slot_bytes * num_slots)
-        self._view = memoryview(self.buffer)
+        self._num_slots = len(self._view) // slot_bytes
 
     @property
     def slot_bytes(self) -> int:
@@ -117,6 +119,23 @@ class BytearraySlotMemory:
             raise ValueError(f"slot must be in [0, {self._num_slots}), got {slot}")
         start = slot * self._slot_bytes
         return self._view[start : start + self._slot_bytes]
+
+    def release(self) -> None:
+        """Drop this object's export of the buffer (its owner may then free or unmap it)."""
+        self._view.release()
+
+
+class BytearraySlotMemory(MemoryviewSlotMemory):
+    """``num_slots`` slots of ``slot_bytes`` bytes in one ``bytearray`` (no torch needed)."""
+
+    def __init__(self, slot_bytes: int, num_slots: int) -> None:
+        for name, value in (("slot_bytes", slot_bytes), ("num_slots", num_slots)):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+            if value <= 0:
+                raise ValueError(f"{name} must be >= 1, got {value}")
+        self.buffer = bytearray(slot_bytes * num_slots)
+        super().__init__(memoryview(self.buffer), slot_bytes)
 
 
 @dataclass(frozen=True)
