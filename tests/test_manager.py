@@ -464,3 +464,42 @@ def test_plain_lru_skips_touching_pure_misses_but_arc_does_not() -> None:
     assert CPUOffloadingManager(2).touches_misses is False
     assert CPUOffloadingManager(2, cache_policy="arc").touches_misses is True
     assert CPUOffloadingManager(2, cache_policy=HookedLRU(2)).touches_misses is True
+
+
+# ---------------------------------------------------------------- evict ahead (write-back)
+def test_evict_ahead_takes_the_policys_victims_and_holds_their_slots_until_released() -> None:
+    m = CPUOffloadingManager(3, enable_events=True)
+    slots = {i: store(m, [i], name=f"r{i}")[0] for i in (1, 2, 3)}  # LRU order 1, 2, 3
+    m.take_events()
+    assert m.evict_ahead(2, protected=[k(1)]) == [(k(2), slots[2]), (k(3), slots[3])]
+    assert lookup_all(m, [1, 2, 3]) == [LookupResult.HIT, LookupResult.MISS, LookupResult.MISS]
+    stats = m.get_stats()
+    assert stats.evictions == 2 and stats.held_blocks == 2 and stats.stored_blocks == 1
+    assert m.free_blocks == 0 and m.has_pending_work()
+    assert [e.removed for e in m.take_events()] == [True]
+    writer = ctx("s")
+    out = m.prepare_store(keys(4), writer)  # no free slot: the store evicts key 1 ...
+    assert out is not None and out.evicted_keys == keys(1)
+    assert out.store_spec.block_ids == [slots[1]]  # ... and takes its slot, never a held one
+    m.complete_store(out.keys_to_store, writer)
+    assert m.evict_ahead(0) == []
+    m.release_evicted([slots[2]])
+    assert m.free_blocks == 1 and m.get_stats().held_blocks == 1
+    assert store(m, [5], name="t") == [slots[2]]
+    with pytest.raises(ValueError, match="not held"):
+        m.release_evicted([slots[2]])
+    with pytest.raises(ValueError, match="n"):
+        m.evict_ahead(-1)
+
+
+def test_a_reset_never_frees_a_slot_evicted_ahead() -> None:
+    m = CPUOffloadingManager(2)
+    store(m, [1], name="a")
+    store(m, [2], name="b")
+    [(_, held)] = m.evict_ahead(1)
+    m.reset_cache()
+    assert m.get_stats().held_blocks == 1 and m.free_blocks == 1
+    assert held not in store(m, [7], name="c")  # the reset kept it out of the free slots
+    assert m.prepare_store(keys(8), ctx("d")) is not None  # evicts 7; the held slot stays
+    m.release_evicted([held])
+    assert m.free_blocks == 1 and not m.get_stats().held_blocks

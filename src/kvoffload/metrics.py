@@ -277,7 +277,10 @@ _TIER_GAUGES = {
     "breaker_state": ("breaker_gauge", "Circuit breaker: 0 closed, 1 half-open, 2 open."),
     "jobs_in_flight": ("jobs_in_flight", "Jobs submitted to this tier and not yet polled."),
     "inflight_bytes": ("inflight_bytes", "Bytes of this tier's jobs in flight."),
-    "write_back_blocks": ("dirty_blocks", "Blocks held in the CPU until this tier has them."),
+    "write_back_blocks": (
+        "write_back_blocks",
+        "Evicted CPU blocks whose write to this tier is in flight (their slots held).",
+    ),
 }
 #: Figures a tier's own ``stats()`` may report (``medium_*``), exported when it does.
 _MEDIUM_GAUGES = {
@@ -292,6 +295,9 @@ _TIERING_COUNTERS = {
     "resets": "Calls to reset_cache.",
     "reset_timeouts": "Resets whose tiers did not drain in time.",
     "stores_dropped_resetting": "Stores refused while a reset waited for the tiers.",
+    "evicted_ahead": "CPU blocks evicted ahead of need so write-back tiers get them.",
+    "write_back_waits": "Stores that waited for write-backs to free their CPU room.",
+    "stores_waiting_write_back": "Stores refused while their room was being written back.",
 }
 
 

@@ -88,37 +88,100 @@ def test_selective_takes_a_caller_admission_filter() -> None:
     assert tier.stored_keys() == {key(1)}
 
 
-def test_write_back_holds_blocks_until_written_and_writes_under_cpu_pressure() -> None:
+def test_write_back_writes_a_block_only_when_the_cpu_policy_evicts_it() -> None:
     manager, memory, (tier,) = build(
-        cpu_blocks=3, specs=[{"write_policy": "write_back", "write_back_dirty_blocks": 3}]
+        cpu_blocks=4, specs=[{"write_policy": "write_back", "write_back_reserve_blocks": 1}]
     )
     ctx = ReqContext(req_id="a")
-    store(manager, memory, [key(1), key(2), key(3)], ctx)
+    for i in (1, 2, 3):  # one request each: key 1 is the least recent
+        store(manager, memory, [key(i)], ReqContext(req_id=f"r{i}"))
     manager.step()
-    assert tier.stored_keys() == set()  # nothing written yet: no pressure
-    assert manager.get_stats().pinned_blocks == 3  # held: the CPU cannot evict them
-    other = ReqContext(req_id="b")
-    assert manager.prepare_store([key(4)], other) is None  # full of held blocks
-    manager.step()  # the write-back that the failed store triggered completes
-    assert tier.stored_keys() == {key(1)}  # the oldest held block, just enough for one
-    assert store(manager, memory, [key(4)], other) == [key(4)]
+    assert tier.stored_keys() == set()  # one slot still free: the reserve holds
+    assert manager.get_stats().pinned_blocks == 0  # nothing held: the CPU policy chooses
+    store(manager, memory, [key(4)], ctx)
+    manager.step()  # the CPU is full: its policy's next victim (LRU: key 1) goes ahead
+    assert manager.cpu_slot(key(1)) is None and manager.cpu.lookup(key(1), ctx) is MISS
+    stats = manager.get_stats()
+    assert stats.held_blocks == 1 and stats.tiers["t0"]["write_back_blocks"] == 1
+    assert stats.tiering["evicted_ahead"] == 1 and stats.evictions == 1
+    assert manager.cpu.free_blocks == 0  # held, not free, until the tier has the bytes
     manager.step()
-    assert key(1) in tier.stored_keys()
-    assert manager.cpu_slot(key(1)) is None  # the CPU evicted it once it was written
-    assert tier.record(key(1)) == pattern(key(1))
-    # The CPU is now full of held blocks again, so a promotion finds no slot: a clean miss.
-    assert manager.lookup(key(1), other) is MISS
-    assert manager.get_stats().tiering["promotion_allocation_failures"] == 1
+    assert tier.stored_keys() == {key(1)} and tier.record(key(1)) == pattern(key(1))
+    stats = manager.get_stats()
+    assert stats.held_blocks == 0 and manager.cpu.free_blocks == 1
+    assert {key(2), key(3), key(4)} <= {k for k in map(key, range(5)) if manager.cpu_slot(k)}
 
 
-def test_write_back_dirty_bound_writes_the_oldest() -> None:
+def test_a_store_waits_for_a_slow_write_back_and_never_reuses_the_slot_early() -> None:
     manager, memory, (tier,) = build(
-        cpu_blocks=8, specs=[{"write_policy": "write_back", "write_back_dirty_blocks": 2}]
+        cpu_blocks=2,
+        specs=[{"write_policy": "write_back", "write_back_reserve_blocks": 1}],
+        tier_kwargs=[{"latency_polls": 6}],
+        write_back_wait_s=0.0,  # no waiting: the store is refused while key 1 is written
     )
-    store(manager, memory, [key(i) for i in range(5)], ReqContext(req_id="a"))
+    store(manager, memory, [key(1)], ReqContext(req_id="a"))
+    store(manager, memory, [key(2)], ReqContext(req_id="a2"))
+    victim_slot = manager.cpu_slot(key(1))
+    other = ReqContext(req_id="b")
+    assert manager.prepare_store([key(3)], other) is None  # key 1 is being written back
+    assert manager.prepare_store([key(3)], other) is None  # still: and no second victim
+    stats = manager.get_stats()
+    assert stats.tiering["stores_waiting_write_back"] == 2
+    assert stats.tiering["evicted_ahead"] == 1 and manager.cpu_slot(key(2)) is not None
+    for _ in range(6):
+        manager.step()
+    assert tier.record(key(1)) == pattern(key(1))  # copied out before the slot was reused
+    assert store(manager, memory, [key(3)], other) == [key(3)]
+    assert manager.cpu_slot(key(3)) == victim_slot
+
+
+def test_a_store_short_of_room_waits_for_its_write_backs_then_proceeds() -> None:
+    manager, memory, (tier,) = build(
+        cpu_blocks=2,
+        specs=[{"write_policy": "write_back", "write_back_reserve_blocks": 1}],
+        tier_kwargs=[{"latency_polls": 6}],
+    )
+    store(manager, memory, [key(1)], ReqContext(req_id="a"))
+    store(manager, memory, [key(2)], ReqContext(req_id="b"))
+    assert store(manager, memory, [key(3)], ReqContext(req_id="c")) == [key(3)]
+    stats = manager.get_stats().tiering
+    assert stats["write_back_waits"] == 1 and stats["stores_waiting_write_back"] == 0
+    assert tier.record(key(1)) == pattern(key(1))  # written before its slot went to key 3
+
+
+def test_write_back_frees_a_victim_the_tier_has_already_at_once() -> None:
+    manager, memory, (tier,) = build(
+        cpu_blocks=2, specs=[{"write_policy": "write_back", "write_back_reserve_blocks": 1}]
+    )
+    seed(tier, memory, [key(1)], slot=0)
+    store(manager, memory, [key(1)], ReqContext(req_id="a"))
+    store(manager, memory, [key(2)], ReqContext(req_id="b"))
+    manager.step()  # key 1 is evicted ahead; the tier has it: nothing to write or wait for
+    stats = manager.get_stats()
+    assert stats.held_blocks == 0 and manager.cpu.free_blocks == 1
+    assert stats.tiers["t0"]["already_stored"] == 1 and stats.tiers["t0"]["blocks_written"] == 0
+
+
+def test_a_reset_keeps_a_write_back_slot_held_until_its_put_is_done() -> None:
+    manager, memory, (tier,) = build(
+        cpu_blocks=2,
+        specs=[{"write_policy": "write_back", "write_back_reserve_blocks": 1}],
+        tier_kwargs=[{"latency_polls": 5}],
+        drain_timeout_s=0.0,
+    )
+    store(manager, memory, [key(1)], ReqContext(req_id="a"))
+    store(manager, memory, [key(2)], ReqContext(req_id="b"))
     manager.step()
-    assert tier.stored_keys() == {key(0), key(1), key(2)}
-    assert manager.get_stats().tiers["t0"]["dirty_blocks"] == 2
+    assert manager.get_stats().held_blocks == 1
+    tier.stuck = True  # the reset cannot drain it
+    manager.reset_cache()
+    assert manager.resetting and manager.get_stats().held_blocks == 1
+    tier.stuck = False
+    for _ in range(7):
+        manager.step()
+    assert not manager.resetting and not manager.has_pending_work()
+    assert manager.get_stats().held_blocks == 0 and manager.cpu.free_blocks == 2
+    assert tier.record(key(1)) == pattern(key(1))
 
 
 def test_fill_writes_a_far_hit_into_nearer_tiers() -> None:

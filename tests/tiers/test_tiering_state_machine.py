@@ -77,7 +77,7 @@ class TieringMachine(RuleBasedStateMachine):
                     self.tiers[1],
                     second,
                     max_inflight_bytes=3 * SLOT,
-                    write_back_dirty_blocks=2,
+                    write_back_reserve_blocks=1,
                     breaker_threshold=3,
                     breaker_backoff_s=2.0,
                     lookup_retries=2,

@@ -5,10 +5,11 @@ from __future__ import annotations
 import logging
 import operator
 import threading
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from threading import get_ident
 from typing import Any, NoReturn
 
+from kvoffload._checks import check_int
 from kvoffload.admission import AdmissionFilter, build_admission
 from kvoffload.context import ReqContext
 from kvoffload.events import OffloadingEvent
@@ -672,6 +673,53 @@ class CPUOffloadingManager(OffloadingManager):
         self._counters.resets += 1
         if self._enable_events:
             self._events.append(OffloadingEvent((), removed=True, reset=True))
+
+    def evict_ahead(
+        self, n: int, protected: Collection[OffloadKey] = ()
+    ) -> list[tuple[OffloadKey, int]]:
+        """Evict up to ``n`` of the policy's next victims now, keeping their bytes in place.
+
+        Why: a write-back tier must copy a victim out before its slot is reused, and a store
+        needs its slots at once. The victims leave the cache as on any eviction (lookups
+        miss, counters and events as usual), but each slot stays *held* (neither stored nor
+        free) until :meth:`release_evicted` hands it back. Blocks in ``protected`` are not
+        chosen. Returns ``(key, slot)`` pairs, fewer than ``n`` (maybe none) when fewer
+        blocks are evictable.
+        """
+        self._check_entry()
+        check_int("n", n, 0)
+        pool = self._pool
+        get = self._get
+        protected_evictable = 0
+        for key in protected:
+            status = get(key)
+            if status is not None and status.ref_cnt == 0:
+                protected_evictable += 1
+        count = min(n, pool.num_evictable - protected_evictable)
+        if count <= 0:
+            return []
+        victims = self._policy.evict(count, protected)
+        if victims is None:
+            return []
+        pool.num_evictable -= count
+        self._counters.evictions += count
+        pool.hold_evicted(status for _, status in victims)
+        if self._enable_events:
+            self._events.append(OffloadingEvent(tuple(k for k, _ in victims), removed=True))
+        return [(key, status.block_id) for key, status in victims]
+
+    def release_evicted(self, slots: Iterable[int]) -> None:
+        """The slots :meth:`evict_ahead` held have been copied out: they become free."""
+        self._check_entry()
+        pool = self._pool
+        for slot in slots:
+            if not pool.release_evicted(slot):
+                raise ValueError(f"release_evicted: slot {slot!r} is not held by evict_ahead")
+
+    @property
+    def free_blocks(self) -> int:
+        """Slots a store can take without evicting."""
+        return self._pool.num_available
 
     def release_stale_slots(self) -> int:
         """Every job prepared before the last reset is done (say, the worker was drained):

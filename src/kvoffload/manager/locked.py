@@ -29,6 +29,8 @@ LOCKED_METHODS = (
     "get_stats",
     "has_pending_work",
     "release_stale_slots",
+    "evict_ahead",
+    "release_evicted",
     "switch_policy",
     "export_state",
     "shutdown",

@@ -7,7 +7,9 @@ is stored there, and it comes back with the slot (a victim, a failed write).
 A reset drops every block, but not the bytes of the jobs still in flight: a load may still be
 copying a slot to the device and a store may still be writing one. Those slots are *held*:
 neither stored nor free until the job's (stale) completion arrives or the caller says every
-job of that generation is done (:meth:`SlotPool.release_held`).
+job of that generation is done (:meth:`SlotPool.release_held`). A victim evicted ahead for a
+write-back tier is held the same way until the tier has copied its bytes out
+(:meth:`SlotPool.hold_evicted` / :meth:`SlotPool.release_evicted`).
 """
 
 from __future__ import annotations
@@ -78,6 +80,7 @@ class SlotPool:
     """
 
     __slots__ = (
+        "_evict_held",
         "_held",
         "_held_slots",
         "_statuses",
@@ -96,7 +99,8 @@ class SlotPool:
         self.num_evictable = 0
         self._statuses: list[BlockStatus] = []  # slot -> its status, for slots handed out
         self._held: dict[int, HeldSlots] = {}  # generation that ended -> its jobs' slots
-        self._held_slots: set[int] = set()
+        self._held_slots: set[int] = set()  # every held slot (both kinds)
+        self._evict_held: dict[int, BlockStatus] = {}  # slot -> victim being written back
 
     # ------------------------------------------------------------------ gauges
     @property
@@ -106,8 +110,13 @@ class SlotPool:
 
     @property
     def num_held(self) -> int:
-        """Slots of jobs in flight at a reset, not released yet."""
+        """Slots of jobs in flight at a reset, or of victims being written back."""
         return len(self._held_slots)
+
+    @property
+    def num_evict_held(self) -> int:
+        """Slots of victims evicted ahead whose bytes a tier is still copying out."""
+        return len(self._evict_held)
 
     @property
     def num_stored(self) -> int:
@@ -170,6 +179,23 @@ class SlotPool:
         self.num_evictable = len(taken)
         self._held.clear()
         self._held_slots.clear()
+        self._evict_held.clear()
+
+    def hold_evicted(self, statuses: Iterable[BlockStatus]) -> None:
+        """Victims whose bytes are still being copied out: neither stored nor free (a reset
+        keeps them held too) until :meth:`release_evicted`."""
+        for status in statuses:
+            self._held_slots.add(status.block_id)
+            self._evict_held[status.block_id] = status
+
+    def release_evicted(self, slot: int) -> bool:
+        """The copy out of evicted-ahead ``slot`` is done: it becomes free. False if the slot
+        was not held for that."""
+        status = self._evict_held.pop(slot, None)
+        if status is None:
+            return False
+        self._unhold([status])
+        return True
 
     # ------------------------------------------------------------------ resets
     def in_flight(self) -> list[BlockStatus]:

@@ -296,7 +296,7 @@ def parse_tier(raw: Mapping[str, Any], index: int = 0) -> TierConfig:
 
 
 def _check_manager_keys(where: str, manager: Mapping[str, Any]) -> None:
-    ints = ("store_threshold", "max_inflight_bytes", "lookup_retries", "write_back_dirty_blocks")
+    ints = ("store_threshold", "max_inflight_bytes", "lookup_retries", "write_back_reserve_blocks")
     for key in ints:
         if key in manager:
             value = manager[key]

@@ -14,10 +14,10 @@ eviction, and this class only adds the moves between its slots and the secondari
 * **A failed key is a miss**: its slot is freed and the tier gets a negative verdict for it,
   so it is not promoted from there again (vllm #49176's livelock).
 * **Writes** follow each tier's policy: ``write_through`` after the CPU store completes,
-  ``write_back`` holds a stored block in the CPU until the tier has it (written when the CPU
-  needs room or the dirty set exceeds its bound), ``selective`` writes what the admission
-  filter admits (offers are CPU stores and CPU hits), ``none`` never writes. The CPU slot is
-  pinned while a tier reads it.
+  ``write_back`` when the CPU policy evicts the block (the victim's slot is held, neither
+  stored nor free, until the tier has copied it out; see :meth:`CPUOffloadingManager.evict_ahead`),
+  ``selective`` writes what the admission filter admits (offers are CPU stores and CPU
+  hits), ``none`` never writes. The CPU slot is pinned while a tier reads it.
 * **Backpressure and faults**: bounded in-flight bytes per tier, a circuit breaker per tier,
   and every store not made counted by its reason.
 * **Reset** drains every tier with a deadline; completions from before it are recognised by
@@ -92,8 +92,11 @@ class SecondaryTier:
         breaker_threshold: failed jobs in a row that open its breaker (0: never).
         breaker_backoff_s / breaker_max_backoff_s: first and longest wait before a probe.
         lookup_retries: ``RETRY`` answers per request and key while the tier says UNKNOWN.
-        write_back_dirty_blocks: most blocks a ``write_back`` tier keeps held in the CPU
-            before writing the oldest (default: a quarter of the CPU tier).
+        write_back_reserve_blocks: free CPU slots kept ready for stores by evicting (and
+            writing back) the CPU policy's next victims ahead of need, at each :meth:`step`
+            (default, 0: a sixteenth of the CPU tier, at least 1). A store that finds too few
+            free slots evicts ahead what it needs and waits (is refused) while those victims
+            are still being written.
         label: name in stats (default: the tier's ``name``; repeated names get ``#i``).
     """
 
@@ -107,7 +110,7 @@ class SecondaryTier:
     breaker_backoff_s: float = 1.0
     breaker_max_backoff_s: float = 60.0
     lookup_retries: int = 4
-    write_back_dirty_blocks: int = 0
+    write_back_reserve_blocks: int = 0
     label: str | None = None
 
     def __post_init__(self) -> None:
@@ -124,7 +127,7 @@ class SecondaryTier:
             "store_threshold",
             "max_inflight_bytes",
             "lookup_retries",
-            "write_back_dirty_blocks",
+            "write_back_reserve_blocks",
         ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int):
@@ -166,7 +169,8 @@ class _Job:
     ctx: ReqContext
     generation: int
     nbytes: int
-    purpose: str  # "promote", "write", "fill"
+    purpose: str  # "promote", "write", "fill", "write_back"
+    slots: tuple[int, ...] = ()  # a write-back's held victim slots (released on completion)
 
 
 class _RequestState:
@@ -226,13 +230,13 @@ class _TierState:
                 else StoreAfterNOffers(max(spec.store_threshold, 1))
             )
         self.max_batch = spec.tier.capabilities.max_batch
-        self.dirty_limit = spec.write_back_dirty_blocks or max(1, cpu_blocks // 4)
+        self.reserve = spec.write_back_reserve_blocks or max(1, cpu_blocks // 16)
         self.jobs: dict[int, _Job] = {}
         self.inflight_bytes = 0
         self.put_keys: set[OffloadKey] = set()  # keys with a put in flight here
         self.queue: list[tuple[OffloadKey, int, ReqContext]] = []  # promotions not submitted
         self.negative: OrderedDict[OffloadKey, None] = OrderedDict()  # failed reads
-        self.dirty: OrderedDict[OffloadKey, ReqContext] = OrderedDict()  # write-back holds
+        self.write_backs = 0  # evicted blocks whose write here is in flight
         self.counters: dict[str, float] = dict.fromkeys(_TIER_COUNTERS, 0)
         self.drops: Counter[str] = Counter()
 
@@ -254,6 +258,8 @@ class TieringManager(OffloadingManager):
         tiers: secondaries, nearest first (a bare ``Tier`` means ``SecondaryTier(tier)``).
         clock: time source for the breakers' back-off (injectable for tests).
         drain_timeout_s: how long ``reset_cache`` and ``shutdown`` wait for the tiers.
+        write_back_wait_s: how long a store (or promotion) that lacks CPU room waits for the
+            write-backs that free it (``Tier.drain``) before it is refused.
         max_negative: bound of each tier's failed-read memory.
     """
 
@@ -266,6 +272,7 @@ class TieringManager(OffloadingManager):
         clock: Callable[[], float] = time.monotonic,
         drain_timeout_s: float = 5.0,
         max_negative: int = 65536,
+        write_back_wait_s: float = 0.05,
     ) -> None:
         if not isinstance(cpu, CPUOffloadingManager):
             raise TypeError(f"cpu must be a CPUOffloadingManager, got {type(cpu).__name__}")
@@ -281,6 +288,12 @@ class TieringManager(OffloadingManager):
             )
         if drain_timeout_s < 0:
             raise ValueError(f"drain_timeout_s must be >= 0, got {drain_timeout_s}")
+        if isinstance(write_back_wait_s, bool) or not isinstance(write_back_wait_s, (int, float)):
+            raise TypeError(
+                f"write_back_wait_s must be a number, got {type(write_back_wait_s).__name__}"
+            )
+        if write_back_wait_s < 0:
+            raise ValueError(f"write_back_wait_s must be >= 0, got {write_back_wait_s}")
         if isinstance(max_negative, bool) or not isinstance(max_negative, int) or max_negative < 0:
             raise ValueError(f"max_negative must be an int >= 0, got {max_negative!r}")
         self.cpu = cpu
@@ -288,6 +301,7 @@ class TieringManager(OffloadingManager):
         self.slot_bytes = memory.slot_bytes
         self._clock = clock
         self.drain_timeout_s = float(drain_timeout_s)
+        self.write_back_wait_s = float(write_back_wait_s)
         self._max_negative = max_negative
         self._tiers: list[_TierState] = []
         seen: Counter[str] = Counter()
@@ -306,6 +320,9 @@ class TieringManager(OffloadingManager):
         self._slots: dict[OffloadKey, int] = {}  # CPU-resident keys -> slot (mirror of cpu)
         self._pending: dict[OffloadKey, ReqContext] = {}  # CPU stores in flight -> owner
         self._promoting: dict[OffloadKey, int] = {}  # key -> tier index of its promotion
+        self._write_back = [st for st in self._tiers if st.policy is WritePolicy.WRITE_BACK]
+        self._reserve = max((st.reserve for st in self._write_back), default=0)
+        self._evicting: dict[int, list[Any]] = {}  # held victim slot -> [key, writes left]
         self._generation = 0
         self._resetting = False
         self._internal = ReqContext(req_id="kvoffload-tiering")
@@ -319,6 +336,9 @@ class TieringManager(OffloadingManager):
                 "resets",
                 "stores_dropped_resetting",
                 "unknown_jobs",
+                "evicted_ahead",
+                "write_back_waits",
+                "stores_waiting_write_back",
             ),
             0,
         )
@@ -346,7 +366,8 @@ class TieringManager(OffloadingManager):
     ) -> SwitchReport:
         """Replace the CPU tier's eviction policy live (see
         :meth:`CPUOffloadingManager.switch_policy`): no block dropped, and the blocks held
-        for writes to the secondaries stay pinned."""
+        for writes to the secondaries stay pinned (victims being written back are out of
+        any policy already)."""
         return self.cpu.switch_policy(cache_policy, cache_policy_module_path, req_context, **params)
 
     def promotions_in_flight(self) -> int:
@@ -457,7 +478,11 @@ class TieringManager(OffloadingManager):
         keys, tiers = keys[:cut], tiers[:cut]
         if not keys:
             return 0
-        out = self.cpu.prepare_store(list(prefix) if prefix else keys, ctx)
+        offered = list(prefix) if prefix else keys
+        if not self._make_room(keys, offered):
+            self._counters["promotion_allocation_failures"] += 1
+            return 0
+        out = self.cpu.prepare_store(offered, ctx)
         if out is None:
             self._counters["promotion_allocation_failures"] += 1
             return 0
@@ -589,12 +614,12 @@ class TieringManager(OffloadingManager):
         keys: Sequence[OffloadKey],
         ctx: ReqContext,
         purpose: str,
-        pinned: bool = False,
+        held: Mapping[OffloadKey, int] | None = None,
     ) -> list[OffloadKey]:
         """Put CPU-ready ``keys`` to ``st``; returns the keys submitted.
 
-        With ``pinned`` the keys already hold a CPU pin (a write-back hold) that the put's
-        completion releases; otherwise the put pins them itself.
+        ``held`` gives the slots of evicted victims (a write-back: the slots are held, and
+        the put's completion releases them); otherwise the put pins the CPU blocks itself.
         """
         if self._resetting:
             self._drop(st, "resetting", len(keys))
@@ -616,8 +641,9 @@ class TieringManager(OffloadingManager):
             fresh = fresh[:room]
             if not fresh:
                 return []
-        if pinned:
-            slots = [self._slots[k] for k in fresh]
+        if held is not None:
+            slots = [held[k] for k in fresh]
+            st.write_backs += len(fresh)
         else:
             slots = list(self.cpu.prepare_load(fresh, ctx).block_ids)
         step = st.max_batch or len(fresh)
@@ -626,7 +652,15 @@ class TieringManager(OffloadingManager):
             nbytes = len(part) * self.slot_bytes
             job_id = st.tier.submit_put(part, slots[start : start + step], self._generation)
             st.breaker.on_submit()
-            st.jobs[job_id] = _Job(JobKind.PUT, part, ctx, self._generation, nbytes, purpose)
+            st.jobs[job_id] = _Job(
+                JobKind.PUT,
+                part,
+                ctx,
+                self._generation,
+                nbytes,
+                purpose,
+                tuple(slots[start : start + step]) if held is not None else (),
+            )
             st.inflight_bytes += nbytes
             st.put_keys.update(part)
         return fresh
@@ -638,17 +672,6 @@ class TieringManager(OffloadingManager):
                 self._write(st, keys, ctx, "write")
             elif st.policy is WritePolicy.SELECTIVE:
                 self._offer(st, keys, ctx)
-            elif st.policy is WritePolicy.WRITE_BACK:
-                fresh = [k for k in keys if k not in st.dirty and k not in st.put_keys]
-                if not fresh or self._resetting:
-                    continue
-                if not st.breaker.allows():
-                    self._drop(st, "breaker_open", len(fresh))
-                    continue
-                self.cpu.prepare_load(fresh, ctx)  # the hold: never evicted until written
-                for key in fresh:
-                    st.dirty[key] = ctx
-                self._write_back(st)
 
     def _offer(self, st: _TierState, keys: Sequence[OffloadKey], ctx: ReqContext) -> None:
         assert_filter = st.admission
@@ -666,36 +689,66 @@ class TieringManager(OffloadingManager):
         if admitted:
             self._write(st, admitted, ctx, "write")
 
-    def _write_back(self, st: _TierState, need: int = 0) -> None:
-        """Write the oldest held blocks beyond the dirty bound (and ``need`` more)."""
-        count = max(len(st.dirty) - st.dirty_limit, min(need, len(st.dirty)))
-        if count <= 0:
-            return
-        if not st.breaker.allows():
-            self._release_dirty(st, list(st.dirty)[:count], "breaker_open")
-            return
-        room = st.room(self.slot_bytes)
-        if room is not None:
-            count = min(count, room)  # the rest stays held and goes when room frees
-        batch = list(st.dirty.items())[:count]
-        by_ctx: dict[int, tuple[ReqContext, list[OffloadKey]]] = {}
-        for key, ctx in batch:
-            del st.dirty[key]
-            by_ctx.setdefault(id(ctx), (ctx, []))[1].append(key)
-        for ctx, keys in by_ctx.values():
-            submitted = set(self._write(st, keys, ctx, "write_back", pinned=True))
-            rest = [k for k in keys if k not in submitted]
-            if rest:  # already stored there, or dropped: the hold goes
-                self.cpu.complete_load(rest, ctx)
+    def _make_room(self, keys: Sequence[OffloadKey], protected: Sequence[OffloadKey]) -> bool:
+        """Before a CPU store of ``keys``: evict ahead what it lacks, so no victim of a
+        write-back tier leaves unwritten. False: the store must wait for write-backs."""
+        if not self._write_back or self._resetting:
+            return True
+        new = sum(1 for k in dict.fromkeys(keys) if k not in self._slots)
+        if new <= self.cpu.free_blocks:
+            return True
+        short = new - self.cpu.free_blocks - len(self._evicting)  # held ones free up soon
+        if short > 0:
+            self._evict_ahead(short, protected)
+        if self._evicting:
+            self._reap()  # a tier that finished at once frees the slots now
+        if new > self.cpu.free_blocks and self._evicting and self.write_back_wait_s > 0:
+            deadline = time.monotonic() + self.write_back_wait_s
+            for st in self._write_back:  # wait (bounded) for the writes that free the room
+                if st.write_backs:
+                    st.tier.drain(max(0.0, deadline - time.monotonic()))
+            self._counters["write_back_waits"] += 1
+            self._reap()
+        if new > self.cpu.free_blocks and self._evicting:
+            self._counters["stores_waiting_write_back"] += 1
+            return False
+        return True  # enough room, or nothing left to evict (the CPU store decides)
 
-    def _release_dirty(self, st: _TierState, keys: list[OffloadKey], reason: str) -> None:
-        by_ctx: dict[int, tuple[ReqContext, list[OffloadKey]]] = {}
-        for key in keys:
-            ctx = st.dirty.pop(key)
-            by_ctx.setdefault(id(ctx), (ctx, []))[1].append(key)
-        for ctx, group in by_ctx.values():
-            self.cpu.complete_load(group, ctx)
-        self._drop(st, reason, len(keys))
+    def _evict_ahead(self, n: int, protected: Sequence[OffloadKey]) -> None:
+        """Evict ``n`` of the CPU policy's next victims and write them to the write-back
+        tiers; each victim's slot is held until every tier it went to has it."""
+        victims = self.cpu.evict_ahead(n, protected)
+        if not victims:
+            return
+        self._counters["evicted_ahead"] += len(victims)
+        keys = [key for key, _ in victims]
+        self._forget_cpu(keys)
+        held = dict(victims)
+        writes: Counter[OffloadKey] = Counter()
+        for st in self._write_back:
+            writes.update(self._write(st, keys, self._internal, "write_back", held=held))
+        free = []
+        for key, slot in victims:
+            if writes[key]:
+                self._evicting[slot] = [key, writes[key]]
+            else:  # stored there already, or dropped (counted): nothing to wait for
+                free.append(slot)
+        if free:
+            self.cpu.release_evicted(free)
+
+    def _release_written(self, slots: Sequence[int]) -> None:
+        """A write-back put finished (either way): victims with no write left are freed."""
+        free = []
+        for slot in slots:
+            entry = self._evicting.get(slot)
+            if entry is None:
+                continue
+            entry[1] -= 1
+            if entry[1] <= 0:
+                del self._evicting[slot]
+                free.append(slot)
+        if free:
+            self.cpu.release_evicted(free)
 
     # ----------------------------------------------------------- completions
     def _reap(self) -> int:
@@ -771,7 +824,11 @@ class TieringManager(OffloadingManager):
 
     def _finish_put(self, st: _TierState, job: _Job, result: TierResult, failed: list[int]) -> None:
         st.put_keys.difference_update(job.keys)
-        self.cpu.complete_load(list(job.keys), job.ctx)  # the put's (or the hold's) pin
+        if job.purpose == "write_back":
+            st.write_backs -= len(job.keys)
+            self._release_written(job.slots)
+        else:
+            self.cpu.complete_load(list(job.keys), job.ctx)  # the put's pin
         st.counters["bytes_written"] += result.nbytes
         st.counters["write_seconds"] += result.seconds
         st.counters["blocks_written"] += len(job.keys) - len(failed)
@@ -781,8 +838,6 @@ class TieringManager(OffloadingManager):
         for i, key in enumerate(job.keys):
             if result.ok[i]:
                 st.negative.pop(key, None)
-        if st.dirty:
-            self._write_back(st)
 
     # -------------------------------------------------------------- the API
     def step(self) -> int:
@@ -791,9 +846,10 @@ class TieringManager(OffloadingManager):
             self.on_request_finished(self._internal)
         self._flush()
         done = self._reap()
-        for st in self._tiers:
-            if st.dirty:
-                self._write_back(st)
+        if self._write_back and not self._resetting:  # keep the reserve of free slots
+            short = self._reserve - self.cpu.free_blocks - len(self._evicting)
+            if short > 0:
+                self._evict_ahead(short, ())
         return done
 
     poll = step
@@ -828,11 +884,10 @@ class TieringManager(OffloadingManager):
             return None
         self._flush()
         self._reap()
+        if not self._make_room(keys, keys):
+            return None
         out = self.cpu.prepare_store(keys, ctx)
         if out is None:
-            for st in self._tiers:
-                if st.dirty:  # the CPU is held full: write back what blocks it
-                    self._write_back(st, need=len(keys))
             return None
         self._note_store(out, ctx)
         return out
@@ -880,8 +935,6 @@ class TieringManager(OffloadingManager):
             for ctx, keys in by_ctx.values():
                 self.cpu.complete_store(keys, ctx, success=False)
                 self._forget_cpu(keys)
-            if st.dirty:
-                self._release_dirty(st, list(st.dirty), "reset")
         deadline = time.monotonic() + self.drain_timeout_s
         for st in self._tiers:
             if st.jobs:
@@ -918,7 +971,7 @@ class TieringManager(OffloadingManager):
             jobs_in_flight=len(st.jobs),
             inflight_bytes=st.inflight_bytes,
             queued_promotions=len(st.queue),
-            dirty_blocks=len(st.dirty),
+            write_back_blocks=st.write_backs,
             negative_keys=len(st.negative),
             breaker_state=st.breaker.state.value,
             breaker_gauge=BREAKER_GAUGE[st.breaker.state],
