@@ -34,7 +34,7 @@ from __future__ import annotations
 import re
 import threading
 import weakref
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -72,7 +72,7 @@ _GAUGES = {
     "pending_blocks": "Blocks being written.",
     "pinned_blocks": "Blocks being read.",
     "evictable_blocks": "Blocks that may be evicted now.",
-    "held_blocks": "Slots of jobs in flight at a reset, not handed out until they complete.",
+    "held_blocks": "Slots neither stored nor free: jobs in flight at a reset, write-backs.",
     "fill_ratio": "Stored blocks / capacity.",
     "pending_ratio": "Blocks being written / capacity.",
     "pinned_ratio": "Blocks being read / capacity.",
@@ -107,87 +107,102 @@ def _check_prefix(prefix: str) -> str:
     return prefix
 
 
-class ManagerCollector(Collector):
+class _Member(Collector):
+    """One manager's figures, read at scrape time, and the labels naming its series."""
+
+    def __init__(
+        self, manager: Any, prefix: str = "kvoffload", labels: Mapping[str, str] | None = None
+    ) -> None:
+        self.manager = manager
+        self.prefix = _check_prefix(prefix)
+        self.labels = _check_labels(labels)
+
+    def samples(self) -> Iterator[tuple[str, str, str, dict[str, str], float]]:
+        """``(kind, family name, help, labels of this series only, value)`` per figure."""
+        raise NotImplementedError
+
+    def collect(self) -> Iterator[Any]:
+        return _families(sorted(self.labels), [self])
+
+
+class ManagerCollector(_Member):
     """A Prometheus collector for one manager; ``labels`` name its series (e.g. its tier).
 
     Register it alone on a registry of its own, or (the usual way) through
     :func:`register_manager_metrics`, which puts several managers into one set of families.
     """
 
-    def __init__(
-        self,
-        manager: OffloadingManager,
-        prefix: str = "kvoffload",
-        labels: Mapping[str, str] | None = None,
-    ) -> None:
-        self.manager = manager
-        self.prefix = _check_prefix(prefix)
-        self.labels = _check_labels(labels)
+    manager: OffloadingManager
 
-    def samples(self) -> Iterator[tuple[str, str, str, float]]:
-        """``(kind, family name, help, value)`` for each figure, read now."""
+    def samples(self) -> Iterator[tuple[str, str, str, dict[str, str], float]]:
         stats = self.manager.get_stats()
         if stats is None:
             return
         values = stats.as_dict()
         for name, doc in _COUNTERS.items():
-            yield "counter", f"{self.prefix}_{name}", doc, float(values[name])
+            yield "counter", f"{self.prefix}_{name}", doc, {}, float(values[name])
         for name, doc in _GAUGES.items():
-            yield "gauge", f"{self.prefix}_{name}", doc, float(values[name])
+            yield "gauge", f"{self.prefix}_{name}", doc, {}, float(values[name])
         for name, value in stats.policy.items():
             # A gauge may name a policy with params ("shadow_mq(lifetime=50)_hit_ratio"):
             # each run of characters a metric name cannot hold (with the "_"s around it)
             # becomes one "_".
             metric = _NOT_IN_NAME.sub("_", name).strip("_")
-            yield "gauge", f"{self.prefix}_policy_{metric}", f"Policy gauge '{name}'.", float(value)
-
-    def collect(self) -> Iterator[Any]:
-        return _families(list(self.labels), [self])
+            doc = f"Policy gauge '{name}'."
+            yield "gauge", f"{self.prefix}_policy_{metric}", doc, {}, float(value)
 
 
-def _families(label_names: list[str], members: list[ManagerCollector]) -> Iterator[Any]:
-    """One family per figure, with one sample per member, in first-seen order."""
+def _families(label_names: list[str], members: Sequence[_Member]) -> Iterator[Any]:
+    """One family per figure, with one sample per member (and extra labels), in order."""
     families: dict[str, Any] = {}
     for member in members:
-        label_values = [member.labels[n] for n in label_names]
-        for kind, name, doc, value in member.samples():
+        base = [member.labels[n] for n in label_names]
+        for kind, name, doc, extra, value in member.samples():
             family = families.get(name)
             if family is None:
                 cls = CounterMetricFamily if kind == "counter" else GaugeMetricFamily
-                family = families[name] = cls(name, doc, labels=label_names)
-            family.add_metric(label_values, value)
+                family = families[name] = cls(name, doc, labels=[*label_names, *extra])
+            family.add_metric([*base, *extra.values()], value)
     return iter(families.values())
 
 
-class _SharedCollector(Collector):
-    """Every manager registered on one registry under one prefix (see the module docstring)."""
+class _Shared(Collector):
+    """Every member of one kind registered on one registry under one prefix: one set of
+    families, one label set, one series per member (see the module docstring)."""
 
-    def __init__(self, prefix: str) -> None:
+    def __init__(
+        self,
+        prefix: str,
+        what: str,
+        hint: str,
+        fixed: Callable[[str, list[str]], Iterator[Any]],
+    ) -> None:
         self.prefix = prefix
-        self.label_names: tuple[str, ...] | None = None
-        self.members: list[ManagerCollector] = []
+        self.what = what  # "a manager", "a tiering manager": for the errors
+        self.hint = hint  # how to tell two members apart
+        self.fixed = fixed  # the families always exported (so a clash is found at register)
+        self.label_names: list[str] | None = None
+        self.members: list[_Member] = []
         self._lock = threading.Lock()
 
-    def add(self, member: ManagerCollector) -> None:
-        names = tuple(sorted(member.labels))
+    def add(self, member: _Member) -> None:
+        names = sorted(member.labels)
         with self._lock:
             if self.members and names != self.label_names:
                 raise ValueError(
-                    f"labels: managers under prefix {self.prefix!r} on one registry share one "
-                    f"label set; this registry uses {list(self.label_names or ())}, got "
-                    f"{list(names)}"
+                    f"labels: {self.what}s under prefix {self.prefix!r} on one registry share "
+                    f"one label set; this registry uses {self.label_names}, got {names}"
                 )
-            for other in self.members:
-                if other.labels == member.labels:
-                    hint = "" if names else ' (pass labels={"tier": ...} to tell them apart)'
-                    raise ValueError(
-                        f"labels: a manager with labels {member.labels} is already registered "
-                        f"under prefix {self.prefix!r}{hint}"
-                    )
+            if any(other.labels == member.labels for other in self.members):
+                hint = "" if names and self.what == "manager" else f" ({self.hint})"
+                raise ValueError(
+                    f"labels: {self.what} with labels {member.labels} is already registered "
+                    f"under prefix {self.prefix!r}{hint}"
+                )
             self.label_names = names
             self.members.append(member)
 
-    def remove(self, member: ManagerCollector) -> bool:
+    def remove(self, member: _Member) -> bool:
         with self._lock:
             if member not in self.members:
                 return False
@@ -195,12 +210,7 @@ class _SharedCollector(Collector):
             return True
 
     def describe(self) -> Iterator[Any]:
-        # The fixed families, so the registry rejects another collector that would clash.
-        names = list(self.label_names or ())
-        for name, doc in _COUNTERS.items():
-            yield CounterMetricFamily(f"{self.prefix}_{name}", doc, labels=names)
-        for name, doc in _GAUGES.items():
-            yield GaugeMetricFamily(f"{self.prefix}_{name}", doc, labels=names)
+        return self.fixed(self.prefix, list(self.label_names or ()))
 
     def collect(self) -> Iterator[Any]:
         with self._lock:
@@ -209,10 +219,47 @@ class _SharedCollector(Collector):
         return _families(names, members)
 
 
-_SHARED: weakref.WeakKeyDictionary[CollectorRegistry, dict[str, _SharedCollector]] = (
+_SHARED: weakref.WeakKeyDictionary[CollectorRegistry, dict[tuple[str, str], _Shared]] = (
     weakref.WeakKeyDictionary()
 )
 _SHARED_LOCK = threading.Lock()
+
+
+def _register(
+    registry: CollectorRegistry | None, member: _Member, make: Callable[[], _Shared]
+) -> None:
+    """Add ``member`` to its kind's shared collector on ``registry`` (made on first use)."""
+    registry = registry if registry is not None else REGISTRY
+    slot = (type(member).__name__, member.prefix)
+    with _SHARED_LOCK:
+        per_registry = _SHARED.setdefault(registry, {})
+        shared = per_registry.get(slot)
+        if shared is None:
+            shared = make()
+            shared.add(member)
+            registry.register(shared)  # may raise if another collector owns these names
+            per_registry[slot] = shared
+        else:
+            shared.add(member)
+
+
+def _unregister(registry: CollectorRegistry | None, member: _Member, what: str) -> None:
+    registry = registry if registry is not None else REGISTRY
+    slot = (type(member).__name__, member.prefix)
+    with _SHARED_LOCK:
+        shared = _SHARED.get(registry, {}).get(slot)
+        if shared is None or not shared.remove(member):
+            raise ValueError(f"{what}: not registered on this registry")
+        if not shared.members:
+            registry.unregister(shared)
+            del _SHARED[registry][slot]
+
+
+def _manager_families(prefix: str, names: list[str]) -> Iterator[Any]:
+    for name, doc in _COUNTERS.items():
+        yield CounterMetricFamily(f"{prefix}_{name}", doc, labels=names)
+    for name, doc in _GAUGES.items():
+        yield GaugeMetricFamily(f"{prefix}_{name}", doc, labels=names)
 
 
 def register_manager_metrics(
@@ -228,17 +275,16 @@ def register_manager_metrics(
     :func:`unregister_manager_metrics` removes it.
     """
     member = ManagerCollector(manager, prefix, labels)
-    registry = registry if registry is not None else REGISTRY
-    with _SHARED_LOCK:
-        per_prefix = _SHARED.setdefault(registry, {})
-        shared = per_prefix.get(member.prefix)
-        if shared is None:
-            shared = _SharedCollector(member.prefix)
-            shared.add(member)
-            registry.register(shared)  # may raise if another collector owns these names
-            per_prefix[member.prefix] = shared
-        else:
-            shared.add(member)
+    _register(
+        registry,
+        member,
+        lambda: _Shared(
+            member.prefix,
+            "manager",
+            'pass labels={"tier": ...} to tell them apart',
+            _manager_families,
+        ),
+    )
     return member
 
 
@@ -246,14 +292,7 @@ def unregister_manager_metrics(
     collector: ManagerCollector, registry: CollectorRegistry | None = None
 ) -> None:
     """Stop exporting the manager behind ``collector`` (from :func:`register_manager_metrics`)."""
-    registry = registry if registry is not None else REGISTRY
-    with _SHARED_LOCK:
-        shared = _SHARED.get(registry, {}).get(collector.prefix)
-        if shared is None or not shared.remove(collector):
-            raise ValueError("collector: not registered on this registry")
-        if not shared.members:
-            registry.unregister(shared)
-            del _SHARED[registry][collector.prefix]
+    _unregister(registry, collector, "collector")
 
 
 # ------------------------------------------------------------------ tiering managers
@@ -317,11 +356,13 @@ def _medium_corrupt(stats: Mapping[str, Any]) -> float:
     return total
 
 
-class TieringCollector(Collector):
+class TieringCollector(_Member):
     """The secondary tiers of one :class:`~kvoffload.tiers.manager.TieringManager`.
 
     Register it with :func:`register_tiering_metrics` (which also exports the CPU tier).
     """
+
+    manager: TieringManager
 
     def __init__(
         self,
@@ -329,9 +370,7 @@ class TieringCollector(Collector):
         prefix: str = "kvoffload",
         labels: Mapping[str, str] | None = None,
     ) -> None:
-        self.manager = manager
-        self.prefix = _check_prefix(prefix)
-        self.labels = _check_labels(labels)
+        super().__init__(manager, prefix, labels)
         if "tier" in self.labels or "reason" in self.labels:
             raise ValueError(
                 "labels: 'tier' and 'reason' are set per series by the tiering metrics; "
@@ -339,7 +378,6 @@ class TieringCollector(Collector):
             )
 
     def samples(self) -> Iterator[tuple[str, str, str, dict[str, str], float]]:
-        """``(kind, family, help, extra labels, value)`` for each figure, read now."""
         stats = self.manager.get_stats()
         p = f"{self.prefix}_tier"
         for label, tier in stats.tiers.items():
@@ -378,72 +416,12 @@ class TieringCollector(Collector):
             value = stats.tiering.get(name, 0)
             yield "counter", f"{self.prefix}_tiering_{name}", doc, {}, float(value)
 
-    def collect(self) -> Iterator[Any]:
-        return _tier_families(sorted(self.labels), [self])
 
-
-def _tier_families(label_names: list[str], members: list[TieringCollector]) -> Iterator[Any]:
-    families: dict[str, Any] = {}
-    for member in members:
-        base = [member.labels[n] for n in label_names]
-        for kind, name, doc, extra, value in member.samples():
-            family = families.get(name)
-            if family is None:
-                cls = CounterMetricFamily if kind == "counter" else GaugeMetricFamily
-                family = families[name] = cls(name, doc, labels=[*label_names, *extra])
-            family.add_metric([*base, *extra.values()], value)
-    return iter(families.values())
-
-
-class _SharedTieringCollector(Collector):
-    """Every tiering manager on one registry under one prefix (one label set)."""
-
-    def __init__(self, prefix: str) -> None:
-        self.prefix = prefix
-        self.label_names: list[str] | None = None
-        self.members: list[TieringCollector] = []
-        self._lock = threading.Lock()
-
-    def add(self, member: TieringCollector) -> None:
-        names = sorted(member.labels)
-        with self._lock:
-            if self.members and names != self.label_names:
-                raise ValueError(
-                    f"labels: tiering managers under prefix {self.prefix!r} on one registry "
-                    f"share one label set; this registry uses {self.label_names}, got {names}"
-                )
-            if any(m.labels == member.labels for m in self.members):
-                raise ValueError(
-                    f"labels: a tiering manager with labels {member.labels} is already "
-                    f"registered under prefix {self.prefix!r} (pass labels={{'engine': ...}})"
-                )
-            self.label_names = names
-            self.members.append(member)
-
-    def remove(self, member: TieringCollector) -> bool:
-        with self._lock:
-            if member not in self.members:
-                return False
-            self.members.remove(member)
-            return True
-
-    def describe(self) -> Iterator[Any]:
-        names = list(self.label_names or ())
-        for name in (*_TIER_COUNTERS, "evictions", "corrupt_records"):
-            yield CounterMetricFamily(f"{self.prefix}_tier_{name}", "", labels=[*names, "tier"])
-        for name in _TIERING_COUNTERS:
-            yield CounterMetricFamily(f"{self.prefix}_tiering_{name}", "", labels=names)
-
-    def collect(self) -> Iterator[Any]:
-        with self._lock:
-            members = list(self.members)
-            names = list(self.label_names or ())
-        return _tier_families(names, members)
-
-
-_SHARED_TIERING: weakref.WeakKeyDictionary[
-    CollectorRegistry, dict[str, _SharedTieringCollector]
-] = weakref.WeakKeyDictionary()
+def _tiering_families(prefix: str, names: list[str]) -> Iterator[Any]:
+    for name in (*_TIER_COUNTERS, "evictions", "corrupt_records"):
+        yield CounterMetricFamily(f"{prefix}_tier_{name}", "", labels=[*names, "tier"])
+    for name in _TIERING_COUNTERS:
+        yield CounterMetricFamily(f"{prefix}_tiering_{name}", "", labels=names)
 
 
 def register_tiering_metrics(
@@ -462,16 +440,16 @@ def register_tiering_metrics(
     registry = registry if registry is not None else REGISTRY
     cpu = register_manager_metrics(manager, registry, prefix, {**member.labels, "tier": "cpu"})
     try:
-        with _SHARED_LOCK:
-            per_prefix = _SHARED_TIERING.setdefault(registry, {})
-            shared = per_prefix.get(member.prefix)
-            if shared is None:
-                shared = _SharedTieringCollector(member.prefix)
-                shared.add(member)
-                registry.register(shared)
-                per_prefix[member.prefix] = shared
-            else:
-                shared.add(member)
+        _register(
+            registry,
+            member,
+            lambda: _Shared(
+                member.prefix,
+                "tiering manager",
+                "pass labels={'engine': ...}",
+                _tiering_families,
+            ),
+        )
     except BaseException:
         unregister_manager_metrics(cpu, registry)
         raise
@@ -484,14 +462,7 @@ def unregister_tiering_metrics(
 ) -> None:
     """Stop exporting a tiering manager (what :func:`register_tiering_metrics` returned)."""
     cpu, member = collectors
-    registry = registry if registry is not None else REGISTRY
-    with _SHARED_LOCK:
-        shared = _SHARED_TIERING.get(registry, {}).get(member.prefix)
-        if shared is None or not shared.remove(member):
-            raise ValueError("collectors: not registered on this registry")
-        if not shared.members:
-            registry.unregister(shared)
-            del _SHARED_TIERING[registry][member.prefix]
+    _unregister(registry, member, "collectors")
     unregister_manager_metrics(cpu, registry)
 
 
