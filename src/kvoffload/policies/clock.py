@@ -20,17 +20,18 @@ counter was ``r``), and only then commits the counter decrements and the hand's 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Iterable
 
 from kvoffload._checks import check_int
 from kvoffload.context import ReqContext
 from kvoffload.keys import OffloadKey
-from kvoffload.policies.base import BlockStatus, CachePolicy, Victims, already_stored
+from kvoffload.policies.base import BlockStatus, Victims
+from kvoffload.policies.evictable_set import EvictableSetPolicy
 
 _MAX_COUNTER_BITS = 16
 
 
-class ClockCachePolicy(CachePolicy):
+class ClockCachePolicy(EvictableSetPolicy):
     """CLOCK (second chance): a hand sweeps the blocks and evicts the first one not used lately."""
 
     name = "clock"
@@ -42,17 +43,12 @@ class ClockCachePolicy(CachePolicy):
         self.init_freq = check_int("init_freq", init_freq, 0, self.max_freq)
         # The ring as a queue: the front is under the hand. Holds pinned/pending blocks too.
         self._ring: OrderedDict[OffloadKey, int] = OrderedDict()  # key -> use counter
-        self._evictable: set[OffloadKey] = set()
 
     def insert(
         self, key: OffloadKey, block: BlockStatus, req_context: ReqContext | None = None
     ) -> None:
-        if key in self._blocks:
-            raise already_stored(key)
-        self._blocks[key] = block
+        self._add_block(key, block)
         self._ring[key] = self.init_freq
-        if block.ref_cnt == 0:
-            self._evictable.add(key)
 
     def remove(self, key: OffloadKey) -> None:
         if self._blocks.pop(key, None) is not None:
@@ -70,10 +66,9 @@ class ClockCachePolicy(CachePolicy):
     def evict(self, n: int, protected: Collection[OffloadKey]) -> Victims | None:
         if n <= 0:
             return []
-        evictable = self._evictable
-        if n > len(evictable) - len(evictable.intersection(protected)):
+        if not self._can_evict(n, protected):
             return None
-        ring = self._ring
+        evictable, ring = self._evictable, self._ring
         chosen: list[OffloadKey] = []
         passed: list[OffloadKey] = []  # keys the hand passed in its last (partial) sweep
         sweep = 0
@@ -115,16 +110,5 @@ class ClockCachePolicy(CachePolicy):
                 ring.move_to_end(key)
 
     def clear(self) -> None:
-        self._blocks.clear()
+        super().clear()
         self._ring.clear()
-        self._evictable.clear()
-
-    def mark_evictable(self, key: OffloadKey) -> None:
-        if key in self._blocks:
-            self._evictable.add(key)
-
-    def mark_non_evictable(self, key: OffloadKey) -> None:
-        self._evictable.discard(key)
-
-    def stats(self) -> Mapping[str, float]:
-        return {"blocks": len(self._blocks), "evictable": len(self._evictable)}

@@ -11,31 +11,25 @@ libCacheSim's ``FIFO`` decisions.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Iterable
 
 from kvoffload.context import ReqContext
 from kvoffload.keys import OffloadKey
-from kvoffload.policies.base import BlockStatus, CachePolicy, Victims, already_stored
+from kvoffload.policies.base import BlockStatus, Victims
+from kvoffload.policies.evictable_set import EvictableSetPolicy
 
 
-class FIFOCachePolicy(CachePolicy):
+class FIFOCachePolicy(EvictableSetPolicy):
     """First in, first out: evicts the ready block that was stored earliest."""
 
     name = "fifo"
 
-    def __init__(self, cache_capacity: int) -> None:
-        super().__init__(cache_capacity)
-        # self._blocks (the base's table, a dict) keeps insertion order: oldest first.
-        self._evictable: set[OffloadKey] = set()
+    # self._blocks (the base's table, a dict) keeps insertion order: oldest first.
 
     def insert(
         self, key: OffloadKey, block: BlockStatus, req_context: ReqContext | None = None
     ) -> None:
-        if key in self._blocks:
-            raise already_stored(key)
-        self._blocks[key] = block
-        if block.ref_cnt == 0:
-            self._evictable.add(key)
+        self._add_block(key, block)
 
     def remove(self, key: OffloadKey) -> None:
         if self._blocks.pop(key, None) is not None:
@@ -47,9 +41,9 @@ class FIFOCachePolicy(CachePolicy):
     def evict(self, n: int, protected: Collection[OffloadKey]) -> Victims | None:
         if n <= 0:
             return []
-        evictable = self._evictable
-        if n > len(evictable) - len(evictable.intersection(protected)):
+        if not self._can_evict(n, protected):
             return None
+        evictable = self._evictable
         chosen: list[OffloadKey] = []
         for key in self._blocks:
             if key in evictable and key not in protected:
@@ -61,17 +55,3 @@ class FIFOCachePolicy(CachePolicy):
             evictable.remove(key)
             victims.append((key, self._blocks.pop(key)))
         return victims
-
-    def clear(self) -> None:
-        self._blocks.clear()
-        self._evictable.clear()
-
-    def mark_evictable(self, key: OffloadKey) -> None:
-        if key in self._blocks:
-            self._evictable.add(key)
-
-    def mark_non_evictable(self, key: OffloadKey) -> None:
-        self._evictable.discard(key)
-
-    def stats(self) -> Mapping[str, float]:
-        return {"blocks": len(self._blocks), "evictable": len(self._evictable)}

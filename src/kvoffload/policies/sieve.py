@@ -19,11 +19,12 @@ unlinks the victims and moves the hand.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Iterable
 
 from kvoffload.context import ReqContext
 from kvoffload.keys import OffloadKey
-from kvoffload.policies.base import BlockStatus, CachePolicy, Victims, already_stored
+from kvoffload.policies.base import BlockStatus, Victims
+from kvoffload.policies.evictable_set import EvictableSetPolicy
 
 
 class _Node:
@@ -39,7 +40,7 @@ class _Node:
         self.older: _Node | None = None
 
 
-class SieveCachePolicy(CachePolicy):
+class SieveCachePolicy(EvictableSetPolicy):
     """SIEVE (NSDI'24): a FIFO with visited bits; a hand evicts the first unvisited block."""
 
     name = "sieve"
@@ -50,13 +51,11 @@ class SieveCachePolicy(CachePolicy):
         self._oldest: _Node | None = None
         self._newest: _Node | None = None
         self._hand: _Node | None = None  # None: the next sweep starts at the old end
-        self._evictable: set[OffloadKey] = set()
 
     def insert(
         self, key: OffloadKey, block: BlockStatus, req_context: ReqContext | None = None
     ) -> None:
-        if key in self._blocks:
-            raise already_stored(key)
+        self._add_block(key, block)
         node = _Node(key, block)
         node.older = self._newest
         if self._newest is None:
@@ -65,9 +64,6 @@ class SieveCachePolicy(CachePolicy):
             self._newest.newer = node
         self._newest = node
         self._nodes[key] = node
-        self._blocks[key] = block
-        if block.ref_cnt == 0:
-            self._evictable.add(key)
 
     def remove(self, key: OffloadKey) -> None:
         node = self._nodes.pop(key, None)
@@ -100,9 +96,9 @@ class SieveCachePolicy(CachePolicy):
     def evict(self, n: int, protected: Collection[OffloadKey]) -> Victims | None:
         if n <= 0:
             return []
-        evictable = self._evictable
-        if n > len(evictable) - len(evictable.intersection(protected)):
+        if not self._can_evict(n, protected):
             return None
+        evictable = self._evictable
         chosen: list[_Node] = []
         chosen_set: set[_Node] = set()
         cleared: set[_Node] = set()  # visited bits the hand clears on its first pass
@@ -133,17 +129,6 @@ class SieveCachePolicy(CachePolicy):
         return victims
 
     def clear(self) -> None:
+        super().clear()
         self._nodes.clear()
-        self._blocks.clear()
-        self._evictable.clear()
         self._oldest = self._newest = self._hand = None
-
-    def mark_evictable(self, key: OffloadKey) -> None:
-        if key in self._nodes:
-            self._evictable.add(key)
-
-    def mark_non_evictable(self, key: OffloadKey) -> None:
-        self._evictable.discard(key)
-
-    def stats(self) -> Mapping[str, float]:
-        return {"blocks": len(self._nodes), "evictable": len(self._evictable)}
