@@ -210,6 +210,8 @@ def test_sweep_table_csv_and_plot(capsys: pytest.CaptureFixture[str], tmp_path: 
         (["--tiers", "cpu=5%", "--mode", "blocks"], "prefix mode only"),
         (["--tiers", "cpu=5%", "--tier-policy", "lruu"], "--tier-policy"),
         (["--instances", "2"], "--instances needs --tiers"),
+        (["--tier-write-policy", "write_back"], "--tier-write-policy needs --tiers"),
+        (["--tier-policy", "arc"], "--tier-policy needs --tiers"),
         (["--tiers", "cpu=5%", "--instances", "0"], "--instances must be >= 1"),
     ],
 )
@@ -227,3 +229,21 @@ def test_every_tier_type_has_documented_costs() -> None:
     for name, tier in TIER_TYPES.items():
         assert f"`{name}`" in text
         assert tier.cost.bandwidth_bytes_per_s > 0
+
+
+def test_write_back_secondaries_hold_what_the_cpu_evicted(default_workload: Trace) -> None:
+    """Written on CPU eviction, a secondary holds blocks the CPU does not: never fewer hits
+    than write-through's copies of the CPU's blocks, and fewer writes of blocks still hot."""
+    through = tiered_replay(default_workload, config(default_workload, "cpu=5%,disk=20%"), "lru")
+    back_cfg = parse_tiers(
+        "cpu=5%,disk=20%",
+        default_workload.num_unique_blocks,
+        default_workload.block_tokens,
+        write_policy="write_back",
+    )
+    back = tiered_replay(default_workload, back_cfg, "lru")
+    assert back.tiers is not None and through.tiers is not None
+    assert back.prefix_hit_blocks >= through.prefix_hit_blocks
+    assert back.tiers["per_tier"][1]["hit_blocks"] > 0
+    with pytest.raises(ValueError, match="tier-write-policy"):
+        parse_tiers("cpu=5%,disk=20%", 100, 16, write_policy="write_around")

@@ -117,6 +117,14 @@ def add_tiers(p: argparse.ArgumentParser) -> None:
         metavar="NAME",
         help="with --tiers: eviction policy of every secondary tier (default lru)",
     )
+    g.add_argument(
+        "--tier-write-policy",
+        default="write_through",
+        choices=("write_through", "write_back", "selective"),
+        help="with --tiers: when the secondaries get the CPU's blocks: after each CPU store "
+        "(write_through, the default), when the CPU evicts them (write_back), or on their "
+        "second offer (selective)",
+    )
 
 
 def add_progress(p: argparse.ArgumentParser) -> None:

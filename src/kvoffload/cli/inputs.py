@@ -117,6 +117,10 @@ def tier_capacities(args: argparse.Namespace, trace: Trace) -> list[Capacity] | 
     if not specs:
         if instances != 1:
             raise UserError("--instances needs --tiers (e.g. --tiers cpu=5%,redis=100%)")
+        for flag, default in (("tier_policy", "lru"), ("tier_write_policy", "write_through")):
+            if getattr(args, flag, default) != default:
+                option = "--" + flag.replace("_", "-")
+                raise UserError(f"{option} needs --tiers (e.g. --tiers cpu=5%,disk=50%)")
         return None
     if args.capacity:
         raise UserError("--tiers gives the CPU capacity itself (cpu=5%); drop --capacity")
@@ -138,6 +142,7 @@ def tier_capacities(args: argparse.Namespace, trace: Trace) -> list[Capacity] | 
                 args.bytes_per_token,
                 instances,
                 args.tier_policy,
+                args.tier_write_policy,
             )
         except (ValueError, TypeError) as exc:
             raise UserError(str(exc)) from None

@@ -75,6 +75,10 @@ class SimTier:
         return self.capacity.blocks
 
 
+#: Write policies a simulated secondary can have (the TieringManager's, less ``none``).
+WRITE_POLICIES = ("write_through", "write_back", "selective")
+
+
 @dataclass(frozen=True)
 class TierConfig:
     """A parsed ``--tiers`` value: the CPU tier, the secondaries, and how many instances."""
@@ -83,8 +87,14 @@ class TierConfig:
     tiers: tuple[SimTier, ...]
     instances: int = 1
     tier_policy: str = "lru"  # eviction policy of every secondary (a registry name)
+    write_policy: str = "write_through"  # how every secondary gets the CPU's blocks
 
     def __post_init__(self) -> None:
+        if self.write_policy not in WRITE_POLICIES:
+            raise ValueError(
+                f"--tier-write-policy must be one of {', '.join(WRITE_POLICIES)}, "
+                f"got {self.write_policy!r}"
+            )
         if isinstance(self.instances, bool) or not isinstance(self.instances, int):
             raise TypeError(f"instances must be an int, got {type(self.instances).__name__}")
         if self.instances < 1:
@@ -119,6 +129,7 @@ def parse_tiers(
     bytes_per_token: float | None = None,
     instances: int = 1,
     tier_policy: str = "lru",
+    write_policy: str = "write_through",
 ) -> TierConfig:
     """Parse ``TYPE=CAPACITY,...`` for a trace; errors name the part that is wrong."""
     if not isinstance(text, str):
@@ -152,7 +163,7 @@ def parse_tiers(
         labels[name] = labels.get(name, 0) + 1
         label = name if labels[name] == 1 else f"{name}#{labels[name]}"
         tiers.append(SimTier(TIER_TYPES[name], capacity, label))
-    return TierConfig(",".join(parts), tuple(tiers), instances, tier_policy)
+    return TierConfig(",".join(parts), tuple(tiers), instances, tier_policy, write_policy)
 
 
 @dataclass(frozen=True)

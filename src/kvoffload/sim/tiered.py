@@ -194,7 +194,7 @@ class _TieredReplayer:
                 else:
                     tier = self._memory_tier(memory, sim, tier_policy)
                 tiers.append(tier)
-                secondaries.append(SecondaryTier(tier, "write_through", label=sim.label))
+                secondaries.append(SecondaryTier(tier, config.write_policy, label=sim.label))
             cpu = build_manager(cpu_blocks, policy, options)
             self.managers.append(TieringManager(cpu, memory, secondaries, clock=_zero_clock))
             self.stores.append(tiers)

@@ -190,7 +190,7 @@ def tiers_legend(results: Sequence[ReplayResult]) -> str:
             "hit: share of block accesses served from that tier in a request's leading run of "
             "hits (the tiers add up to the prefix hit above); read: bytes out of the tier "
             "(cpu: loads to the GPU; secondaries: promotions into the CPU); written: bytes "
-            "into it (cpu: stores plus promotions; secondaries: write-through puts).",
+            "into it (cpu: stores plus promotions; secondaries: puts, per --tier-write-policy).",
             "load s: modelled time to load those blocks (latency once per request and tier + "
             "bytes / bandwidth, plus the CPU hop for secondaries); recompute s: their tokens "
             f"at {t['prefill_tokens_per_s']:,.0f} prefill tokens/s; saved = recompute - load "
