@@ -60,8 +60,7 @@ def uid() -> str:
 
 def spec_for(root: Path, cpu_chunks: int, records: int, **extra: Any) -> Any:
     """A spec with an engine id of its own (vLLM names its shared-memory file after it)."""
-    return tiering_spec([disk_config(root, records, **extra)], cpu_chunks,
-                        engine_id=uid())
+    return tiering_spec([disk_config(root, records, **extra)], cpu_chunks, engine_id=uid())
 
 
 def driver_for(root: Path, cpu_chunks: int, records: int, **extra: Any) -> VllmTieringDriver:
@@ -85,8 +84,16 @@ def evict_from_cpu(driver: VllmTieringDriver, cpu_chunks: int) -> None:
 
 
 def test_config_keys_follow_vllms_fs_tier_and_are_checked(tmp_path: Path) -> None:
-    driver = driver_for(tmp_path, 8, 16, eviction_policy="s3fifo", durability="fsync",
-                        io_threads=2, min_free_bytes=0, checksum="crc32")
+    driver = driver_for(
+        tmp_path,
+        8,
+        16,
+        eviction_policy="s3fifo",
+        durability="fsync",
+        io_threads=2,
+        min_free_bytes=0,
+        checksum="crc32",
+    )
     try:
         tier = disk_of(driver).tier
         assert tier.root == str(tmp_path)
@@ -98,8 +105,12 @@ def test_config_keys_follow_vllms_fs_tier_and_are_checked(tmp_path: Path) -> Non
         assert tier.namespace == namespace_digest(expected)
     finally:
         driver.close()
-    for bad, hint in (("root_dirr", "root_dir"), ("capacity", "capacity_bytes"),
-                      ("eviction_polcy", "eviction_policy"), ("durabilty", "durability")):
+    for bad, hint in (
+        ("root_dirr", "root_dir"),
+        ("capacity", "capacity_bytes"),
+        ("eviction_polcy", "eviction_policy"),
+        ("durabilty", "durability"),
+    ):
         cfg = disk_config(tmp_path, 4)
         cfg[bad] = cfg.pop(hint, "x")
         with pytest.raises(ValueError, match=rf"unknown config key '{bad}'; did you mean '{hint}'"):
@@ -204,8 +215,9 @@ def test_stats_follow_vllms_metric_conventions(tmp_path: Path) -> None:
 
 
 def test_kv_events_for_stores_and_evictions_when_vllm_wants_them(tmp_path: Path) -> None:
-    spec = tiering_spec([disk_config(tmp_path, 2, enable_kv_events=True)], 4, engine_id=uid(),
-                        kv_events=True)
+    spec = tiering_spec(
+        [disk_config(tmp_path, 2, enable_kv_events=True)], 4, engine_id=uid(), kv_events=True
+    )
     driver = VllmTieringDriver(spec)
     try:
         first, second = keys_for(2), keys_for(2)
@@ -308,10 +320,12 @@ def test_weak_point_a_store_the_disk_refuses_is_counted_not_silent(tmp_path: Pat
         data = stats.data["data"]
         assert sum(data[TieringOffloadingMetrics.CASCADE_JOB_FAILURES].values()) == 1
         assert data["vllm:kv_offload_kvoffload_disk_stores_dropped"] == {
-            (str(tmp_path), "no_space"): 3}
+            (str(tmp_path), "no_space"): 3
+        }
         assert driver.request(blocks) == 3  # still served from vLLM's CPU tier
         assert driver.manager.secondary_tiers[0].lookup(blocks[0], ReqContext("x")) is (
-            LookupResult.MISS)  # never a record that was not written
+            LookupResult.MISS
+        )  # never a record that was not written
     finally:
         driver.close()
 
@@ -340,7 +354,8 @@ def test_weak_point_garbled_record_is_a_counted_miss_never_data(tmp_path: Path) 
         failed = stats.data["data"]["vllm:kv_offload_kvoffload_disk_loads_failed"]
         assert failed[(str(tmp_path), "corrupt")] >= 1
         assert driver.manager.secondary_tiers[0].lookup(first[0], ReqContext("x")) is (
-            LookupResult.MISS)  # erased, not served again
+            LookupResult.MISS
+        )  # erased, not served again
     finally:
         driver.close()
 
@@ -507,9 +522,13 @@ def test_documented_config_builds_vllms_manager_with_our_tiers(tmp_path: Path) -
     disk_cfg["root_dir"] = str(tmp_path)  # only the places differ from the docs
     disk_cfg["capacity_bytes"] = 64 * RECORD
     redis_cfg["url"] = ci_url("KVOFFLOAD_REDIS_URL")
-    spec = tiering_spec([disk_cfg, redis_cfg], 8, engine_id=uid(),
-                        eviction_policy=extra["eviction_policy"],
-                        cache_policy_module_path=extra["cache_policy_module_path"])
+    spec = tiering_spec(
+        [disk_cfg, redis_cfg],
+        8,
+        engine_id=uid(),
+        eviction_policy=extra["eviction_policy"],
+        cache_policy_module_path=extra["cache_policy_module_path"],
+    )
     driver = VllmTieringDriver(spec)
     try:
         disk, remote = driver.manager.secondary_tiers

@@ -50,8 +50,10 @@ from vllm_tier_driver import MODULE, OurTieringDriver, VllmTieringDriver, tierin
 
 BLOCK = 4096
 RECORD = HEADER_BYTES + BLOCK
-OUR_LRU = {"eviction_policy": "LRUCachePolicy",
-           "cache_policy_module_path": "kvoffload.integrations.vllm"}
+OUR_LRU = {
+    "eviction_policy": "LRUCachePolicy",
+    "cache_policy_module_path": "kvoffload.integrations.vllm",
+}
 
 
 def uid() -> str:
@@ -70,8 +72,7 @@ def trace() -> list[list[bytes]]:
     out = []
     with path.open() as handle:
         for line in handle:
-            out.append([b"mooncake" + i.to_bytes(8, "big")
-                        for i in json.loads(line)["hash_ids"]])
+            out.append([b"mooncake" + i.to_bytes(8, "big") for i in json.loads(line)["hash_ids"]])
     return out
 
 
@@ -85,8 +86,9 @@ def sizes(requests: list[list[bytes]]) -> tuple[int, int]:
     return max(1, unique // 100), unique // 4  # CPU 1%, disk 25%
 
 
-def replay_vllm(requests: list[list[bytes]], tier_config: dict[str, Any],
-                cpu: int) -> tuple[VllmTieringDriver, dict[str, float]]:
+def replay_vllm(
+    requests: list[list[bytes]], tier_config: dict[str, Any], cpu: int
+) -> tuple[VllmTieringDriver, dict[str, float]]:
     driver = VllmTieringDriver(tiering_spec([tier_config], cpu, engine_id=uid(), **OUR_LRU))
     driver.replay(requests)
     return driver, driver.tier_counters(TieringOffloadingMetrics.CHUNK_HITS)
@@ -95,8 +97,11 @@ def replay_vllm(requests: list[list[bytes]], tier_config: dict[str, Any],
 def replay_ours(requests: list[list[bytes]], make_tier: Any, cpu: int) -> OurTieringDriver:
     memory = BytearraySlotMemory(BLOCK, cpu)
     tier = make_tier(memory)
-    manager = TieringManager(CPUOffloadingManager(cpu, cache_policy="lru"), memory,
-                             [SecondaryTier(tier, "write_through")])
+    manager = TieringManager(
+        CPUOffloadingManager(cpu, cache_policy="lru"),
+        memory,
+        [SecondaryTier(tier, "write_through")],
+    )
     driver = OurTieringDriver(manager, memory)
     driver.replay(requests)
     return driver
@@ -120,9 +125,13 @@ def test_shared_trace_through_vllm_with_our_disk_tier_hits_like_our_manager(
     trace = replay_part(trace)
     cpu, disk = sizes(trace)
     label = "1:KVOffloadDiskTier"
-    config = {"type": "KVOffloadDiskTier", "module_path": MODULE,
-              "root_dir": str(tmp_path / "vllm"), "capacity_bytes": disk * RECORD,
-              "io_threads": 1}
+    config = {
+        "type": "KVOffloadDiskTier",
+        "module_path": MODULE,
+        "root_dir": str(tmp_path / "vllm"),
+        "capacity_bytes": disk * RECORD,
+        "io_threads": 1,
+    }
     vllm, by_tier = replay_vllm(trace, config, cpu)
     try:
         check_bytes(vllm)
@@ -146,10 +155,12 @@ def test_shared_trace_through_vllm_with_our_disk_tier_hits_like_our_manager(
         our_disk = promotions(ours)
         assert ours.counts.prefix_hits - our_disk == cpu_hits  # CPU-tier hits: equal
         assert our_disk == served  # disk-tier hits: equal; vLLM only read `lost` blocks twice
-        print(f"\nshared trace ({len(trace)} requests), CPU {cpu} / disk {disk} blocks: "
-              f"CPU hits {cpu_hits} (both); "
-              f"disk: vLLM promoted {promoted}, lost {vllm.counts.lost_between_passes}, "
-              f"served {served}; ours {our_disk}")
+        print(
+            f"\nshared trace ({len(trace)} requests), CPU {cpu} / disk {disk} blocks: "
+            f"CPU hits {cpu_hits} (both); "
+            f"disk: vLLM promoted {promoted}, lost {vllm.counts.lost_between_passes}, "
+            f"served {served}; ours {our_disk}"
+        )
     finally:
         ours.close()
 
@@ -159,8 +170,12 @@ def test_vllms_promotion_can_evict_the_prefix_it_extends_ours_cannot() -> None:
     c0, d1, d2 = b"c0".ljust(16, b"\0"), b"d1".ljust(16, b"\0"), b"d2".ljust(16, b"\0")
     fillers = [bytes([65 + i]) * 16 for i in range(3)]
     with tempfile.TemporaryDirectory() as root:
-        config = {"type": "KVOffloadDiskTier", "module_path": MODULE, "root_dir": root,
-                  "capacity_bytes": 64 * RECORD}
+        config = {
+            "type": "KVOffloadDiskTier",
+            "module_path": MODULE,
+            "root_dir": root,
+            "capacity_bytes": 64 * RECORD,
+        }
         vllm = VllmTieringDriver(tiering_spec([config], 4, engine_id=uid(), **OUR_LRU))
         ours = replay_ours([], lambda m: DiskTier(m, Path(root) / "ours", 64 * RECORD), 4)
         try:
@@ -194,8 +209,13 @@ def test_shared_trace_through_vllm_with_our_redis_tier_hits_like_our_manager(
     cpu, _ = sizes(part)
     label = "1:KVOffloadRedisTier"
     ns_vllm, ns_ours = uuid.uuid4().hex, uuid.uuid4().hex  # fresh, empty namespaces
-    config = {"type": "KVOffloadRedisTier", "module_path": MODULE, "url": url,
-              "namespace": ns_vllm, "lookup": "sync"}
+    config = {
+        "type": "KVOffloadRedisTier",
+        "module_path": MODULE,
+        "url": url,
+        "namespace": ns_vllm,
+        "lookup": "sync",
+    }
     vllm, by_tier = replay_vllm(part, config, cpu)
     try:
         check_bytes(vllm)
@@ -214,9 +234,11 @@ def test_shared_trace_through_vllm_with_our_redis_tier_hits_like_our_manager(
         assert our_remote >= served and served > 0
         if vllm.counts.lost_between_passes == 0:
             assert our_remote == served
-        print(f"\nfirst 600 requests, CPU {cpu}: CPU hits {cpu_hits} (both); Redis: vLLM "
-              f"promoted {promoted}, lost {vllm.counts.lost_between_passes}, served {served}; "
-              f"ours {our_remote}")
+        print(
+            f"\nfirst 600 requests, CPU {cpu}: CPU hits {cpu_hits} (both); Redis: vLLM "
+            f"promoted {promoted}, lost {vllm.counts.lost_between_passes}, served {served}; "
+            f"ours {our_remote}"
+        )
     finally:
         ours.close()
 
@@ -227,8 +249,13 @@ def test_two_vllm_managers_share_one_redis_over_the_trace(trace: list[list[bytes
     part = trace[:300]
     cpu, _ = sizes(part)
     ns = uuid.uuid4().hex
-    config = {"type": "KVOffloadRedisTier", "module_path": MODULE, "url": url, "namespace": ns,
-              "lookup": "sync"}
+    config = {
+        "type": "KVOffloadRedisTier",
+        "module_path": MODULE,
+        "url": url,
+        "namespace": ns,
+        "lookup": "sync",
+    }
     a = VllmTieringDriver(tiering_spec([config], cpu, engine_id=uid(), **OUR_LRU))
     b = VllmTieringDriver(tiering_spec([config], cpu, engine_id=uid(), **OUR_LRU))
     try:
@@ -240,8 +267,10 @@ def test_two_vllm_managers_share_one_redis_over_the_trace(trace: list[list[bytes
             # blocks this engine never computed, loaded from the other one's stores
             from_other = (me.hit_keys - me.stored_keys) & other.stored_keys
             assert len(from_other) > 0
-        print(f"\ntwo engines, 300 requests: a loaded {len(a.hit_keys - a.stored_keys)} "
-              f"blocks it never stored, b {len(b.hit_keys - b.stored_keys)}")
+        print(
+            f"\ntwo engines, 300 requests: a loaded {len(a.hit_keys - a.stored_keys)} "
+            f"blocks it never stored, b {len(b.hit_keys - b.stored_keys)}"
+        )
     finally:
         a.close()
         b.close()

@@ -113,8 +113,9 @@ def test_unknown_answers_are_retry_then_miss_never_forever() -> None:
 
 def test_config_keys_are_checked_with_did_you_mean(redis_url: str) -> None:
     with pytest.raises(ValueError, match=r"unknown config key 'urll'; did you mean 'url'"):
-        tiering_spec([{"type": "KVOffloadRedisTier", "module_path": MODULE, "urll": redis_url}],
-                     4).get_manager()
+        tiering_spec(
+            [{"type": "KVOffloadRedisTier", "module_path": MODULE, "urll": redis_url}], 4
+        ).get_manager()
 
 
 def test_namespace_keeps_models_apart(redis_url: str) -> None:

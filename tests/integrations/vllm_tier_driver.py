@@ -63,8 +63,15 @@ def tiering_spec(
         model=OffloadingModelConfig(name="test-model", dtype="float16"),
         cache=OffloadingCacheConfig(tokens_per_hash=16, blocks_per_chunk=1),
         parallel=OffloadingParallelConfig(
-            rank=0, world_size=1, tp_size=1, pp_size=1, pcp_size=1, dcp_size=1,
-            data_parallel_index=0, data_parallel_size=1, data_parallel_rank_local=None,
+            rank=0,
+            world_size=1,
+            tp_size=1,
+            pp_size=1,
+            pcp_size=1,
+            dcp_size=1,
+            data_parallel_index=0,
+            data_parallel_size=1,
+            data_parallel_rank_local=None,
             is_parallelism_agnostic=False,
         ),
     )
@@ -89,6 +96,7 @@ class ReplayCounts:
 
 class VllmTieringDriver:
     lookup_result: Any = LookupResult
+
     def __init__(
         self, spec: TieringOffloadingSpec, max_wait_steps: int = 200, wait_on_tiers_s: float = 0.2
     ) -> None:

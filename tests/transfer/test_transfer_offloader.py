@@ -251,6 +251,7 @@ def test_reset_keeps_the_slots_of_stores_in_flight_until_they_complete(
         assert _same(caches, [10, 11], [4, 5], original)
         assert off.store(_hashes(4, seed=3), [20, 21, 22, 23]) == 4  # the held slots are back
 
+
 def test_facade_moved_above_the_spec_and_keeps_its_old_names() -> None:
     import kvoffload.transfer as transfer
 

@@ -102,8 +102,11 @@ def check_tier_config(
     ``extra`` adds names the adapter itself takes (vLLM-style aliases, its own keys).
     """
     params = inspect.signature(tier_cls.__init__).parameters
-    accepted = [*extra] + [n for n, p in params.items() if n not in ("self", "memory") and (
-        p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD))]
+    accepted = [*extra] + [
+        n
+        for n, p in params.items()
+        if n not in ("self", "memory") and (p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD))
+    ]
     for key in config:
         if key not in accepted:
             close = difflib.get_close_matches(key, accepted, n=1)
@@ -192,7 +195,9 @@ class _KVOffloadSecondaryTier(SecondaryTierManager):
         self.failed_load_ttl_s = float(ttl)
         ours = {k: v for k, v in config.items() if k not in self._ADAPTER_KEYS}
         check_tier_config(
-            self.tier_class, ours, owner=type(self).__name__,
+            self.tier_class,
+            ours,
+            owner=type(self).__name__,
             extra=[*self._ALIASES, *sorted(self._ADAPTER_KEYS - {"locality"})],
         )
         ours = self._translate(self._unalias(ours), offloading_spec)
@@ -210,8 +215,7 @@ class _KVOffloadSecondaryTier(SecondaryTierManager):
             ours = cls._ALIASES.get(key, key)
             if ours in out:
                 raise ValueError(
-                    f"{cls.__name__}: {given[ours]!r} and {key!r} name the same setting; "
-                    "give one"
+                    f"{cls.__name__}: {given[ours]!r} and {key!r} name the same setting; give one"
                 )
             out[ours] = value
             given[ours] = key
@@ -313,13 +317,23 @@ class _KVOffloadSecondaryTier(SecondaryTierManager):
         medium = self.medium or Medium.STORAGE
         if result.kind is JobKind.PUT and ok_keys:
             self._events.append(
-                OffloadingEvent(keys=ok_keys, medium=medium, removed=False,
-                                locality=self.locality, ownership=self.tier_type)
+                OffloadingEvent(
+                    keys=ok_keys,
+                    medium=medium,
+                    removed=False,
+                    locality=self.locality,
+                    ownership=self.tier_type,
+                )
             )
         if result.evicted:
             self._events.append(
-                OffloadingEvent(keys=list(result.evicted), medium=medium, removed=True,
-                                locality=self.locality, ownership=self.tier_type)
+                OffloadingEvent(
+                    keys=list(result.evicted),
+                    medium=medium,
+                    removed=True,
+                    locality=self.locality,
+                    ownership=self.tier_type,
+                )
             )
 
     def has_pending_work(self) -> bool:
@@ -343,7 +357,9 @@ class _KVOffloadSecondaryTier(SecondaryTierManager):
         while not self.tier.drain(self.drain_round_s):
             logger.error(
                 "%s: %d job(s) still in flight after %.0f s of drain_jobs (health: %s)",
-                type(self).__name__, len(self._jobs), time.monotonic() - started,
+                type(self).__name__,
+                len(self._jobs),
+                time.monotonic() - started,
                 self.tier.health(),
             )
 
@@ -360,8 +376,9 @@ class _KVOffloadSecondaryTier(SecondaryTierManager):
         out: dict[str, OffloadingMetricMetadata] = {}
         for metric in cls.metrics:
             labels = (STORE_LABEL, "reason") if metric.by_reason else (STORE_LABEL,)
-            meta_cls = OffloadingCounterMetadata if metric.kind == "counter" else (
-                OffloadingGaugeMetadata)
+            meta_cls = (
+                OffloadingCounterMetadata if metric.kind == "counter" else (OffloadingGaugeMetadata)
+            )
             out[cls.metric_name(metric)] = meta_cls(
                 documentation=metric.documentation, labelnames=labels
             )
@@ -379,8 +396,11 @@ class _KVOffloadSecondaryTier(SecondaryTierManager):
         for metric in self.metrics:
             name = self.metric_name(metric)
             if metric.by_reason:
-                found = [(k[len(metric.stat):], v) for k, v in stats.items()
-                         if k.startswith(metric.stat)]
+                found = [
+                    (k[len(metric.stat) :], v)
+                    for k, v in stats.items()
+                    if k.startswith(metric.stat)
+                ]
             else:
                 found = [("", stats[metric.stat])] if metric.stat in stats else []
             for reason, value in found:
@@ -440,31 +460,62 @@ class KVOffloadDiskTier(_KVOffloadSecondaryTier):
     metrics: ClassVar[tuple[TierMetric, ...]] = (
         TierMetric("used_bytes", "used_bytes", "gauge", "Bytes of records on disk."),
         TierMetric("capacity_bytes", "capacity_bytes", "gauge", "The configured byte budget."),
-        TierMetric("effective_capacity_bytes", "effective_capacity_bytes", "gauge",
-                   "The budget after the free-space floor (min_free_bytes)."),
+        TierMetric(
+            "effective_capacity_bytes",
+            "effective_capacity_bytes",
+            "gauge",
+            "The budget after the free-space floor (min_free_bytes).",
+        ),
         TierMetric("records", "records", "gauge", "Records stored."),
         *_COMMON_GAUGES,
         TierMetric("stored", "records_written", "counter", "Records written."),
-        TierMetric("evictions", "evictions", "counter",
-                   "Records evicted by the tier's policy to stay within its budget."),
-        TierMetric("corrupt_records", "corrupt_records", "counter",
-                   "Records whose checksum, key or namespace did not match on read "
-                   "(served as a miss and erased)."),
-        TierMetric("torn_records", "torn_records", "counter",
-                   "Torn or foreign records found and erased by the start-up scan."),
-        TierMetric("scanned_records", "restart_records", "counter",
-                   "Records found by the start-up scan (served after a restart)."),
+        TierMetric(
+            "evictions",
+            "evictions",
+            "counter",
+            "Records evicted by the tier's policy to stay within its budget.",
+        ),
+        TierMetric(
+            "corrupt_records",
+            "corrupt_records",
+            "counter",
+            "Records whose checksum, key or namespace did not match on read "
+            "(served as a miss and erased).",
+        ),
+        TierMetric(
+            "torn_records",
+            "torn_records",
+            "counter",
+            "Torn or foreign records found and erased by the start-up scan.",
+        ),
+        TierMetric(
+            "scanned_records",
+            "restart_records",
+            "counter",
+            "Records found by the start-up scan (served after a restart).",
+        ),
         TierMetric("erase_errors", "erase_errors", "counter", "Failed erasures of records."),
-        TierMetric("dropped_", "stores_dropped", "counter",
-                   "Records not stored, by reason (no_space, io_error, in_flight, ...)."),
-        TierMetric("get_failed_", "loads_failed", "counter",
-                   "Records not loaded, by reason (missing, corrupt, io_error, ...)."),
+        TierMetric(
+            "dropped_",
+            "stores_dropped",
+            "counter",
+            "Records not stored, by reason (no_space, io_error, in_flight, ...).",
+        ),
+        TierMetric(
+            "get_failed_",
+            "loads_failed",
+            "counter",
+            "Records not loaded, by reason (missing, corrupt, io_error, ...).",
+        ),
     )
 
     def _translate(self, config: dict[str, Any], spec: Any) -> dict[str, Any]:
         config = dict(config)
-        missing = [k for k, ours in (("root_dir", "path"), ("capacity_bytes", "capacity_bytes"))
-                   if ours not in config]
+        missing = [
+            k
+            for k, ours in (("root_dir", "path"), ("capacity_bytes", "capacity_bytes"))
+            if ours not in config
+        ]
         if missing:
             raise ValueError(
                 f"{type(self).__name__}: missing config key(s) {', '.join(map(repr, missing))} "
@@ -511,22 +562,45 @@ class KVOffloadRedisTier(_KVOffloadSecondaryTier):
     metrics: ClassVar[tuple[TierMetric, ...]] = (
         *_COMMON_GAUGES,
         TierMetric("inflight_bytes", "inflight_bytes", "gauge", "Bytes of jobs in flight."),
-        TierMetric("available", "available", "gauge",
-                   "1 while the server is reachable, 0 while the tier backs off."),
-        TierMetric("verdict_cache_entries", "verdict_cache_entries", "gauge",
-                   "Cached answers to existence checks."),
+        TierMetric(
+            "available",
+            "available",
+            "gauge",
+            "1 while the server is reachable, 0 while the tier backs off.",
+        ),
+        TierMetric(
+            "verdict_cache_entries",
+            "verdict_cache_entries",
+            "gauge",
+            "Cached answers to existence checks.",
+        ),
         TierMetric("records_written", "records_written", "counter", "Records written."),
-        TierMetric("records_existing", "records_existing", "counter",
-                   "Stores skipped: the record was already on the server."),
-        TierMetric("records_deleted_bad", "records_deleted_bad", "counter",
-                   "Corrupt or foreign records found on read and deleted."),
-        TierMetric("connection_errors", "connection_errors", "counter",
-                   "Failed server operations (each starts a back-off)."),
+        TierMetric(
+            "records_existing",
+            "records_existing",
+            "counter",
+            "Stores skipped: the record was already on the server.",
+        ),
+        TierMetric(
+            "records_deleted_bad",
+            "records_deleted_bad",
+            "counter",
+            "Corrupt or foreign records found on read and deleted.",
+        ),
+        TierMetric(
+            "connection_errors",
+            "connection_errors",
+            "counter",
+            "Failed server operations (each starts a back-off).",
+        ),
         TierMetric("lookup_errors", "lookup_errors", "counter", "Failed existence checks."),
-        TierMetric("rejected_", "records_rejected", "counter",
-                   "Records read and rejected, by reason (checksum, namespace, ...)."),
-        TierMetric("failed_", "keys_failed", "counter",
-                   "Keys of jobs that failed, by reason."),
+        TierMetric(
+            "rejected_",
+            "records_rejected",
+            "counter",
+            "Records read and rejected, by reason (checksum, namespace, ...).",
+        ),
+        TierMetric("failed_", "keys_failed", "counter", "Keys of jobs that failed, by reason."),
     )
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:

@@ -14,12 +14,19 @@ from kvoffload.tiers.base import Tier
 TIER_REGISTRY: Registry[type[Tier]] = Registry.of_subclasses(
     "tier", Tier, entry_point_group="kvoffload.tiers", module_path_key="tier_module_path"
 )
-TIER_REGISTRY.register("disk", "kvoffload.tiers.disk.tier:DiskTier",
-                       description="bounded, crash-safe disk tier (arena file per namespace)")
-TIER_REGISTRY.register("memory", "kvoffload.tiers.memory:MemoryTier",
-                       description="in-memory tier (tests, simulations)")
-TIER_REGISTRY.register("redis", "kvoffload.tiers.redis.tier:RedisTier",
-                       description="shared Redis / Valkey tier (kvoffload[redis])")
+TIER_REGISTRY.register(
+    "disk",
+    "kvoffload.tiers.disk.tier:DiskTier",
+    description="bounded, crash-safe disk tier (arena file per namespace)",
+)
+TIER_REGISTRY.register(
+    "memory", "kvoffload.tiers.memory:MemoryTier", description="in-memory tier (tests, simulations)"
+)
+TIER_REGISTRY.register(
+    "redis",
+    "kvoffload.tiers.redis.tier:RedisTier",
+    description="shared Redis / Valkey tier (kvoffload[redis])",
+)
 
 
 def register_tier(name: str, cls: type[Tier]) -> None:
