@@ -763,11 +763,11 @@ class RedisTier(Tier):
             buffer = self._local.get_buffer = memoryview(bytearray(size))
         return buffer
 
-    def _load(self, key: OffloadKey, slot: int, record: bytes | memoryview) -> Any:
+    def _load(self, key: OffloadKey, slot: int, record: bytes | bytearray | memoryview) -> Any:
         """Verify ``record`` and copy its payload into ``slot``: ``True``, or the
         :class:`RecordError` that says why it must not be served (the slot is untouched)."""
         try:
-            payload = self.codec.payload_of(key, record)
+            payload = self.codec.payload_of(key, memoryview(record))
             view = self.memory.slot_view(slot)
             if len(payload) != len(view):
                 raise RecordError(
@@ -813,33 +813,36 @@ class RedisTier(Tier):
                 )
             else:
                 outcomes = [
-                    self._load(keys[i], slots[i], answer) if isinstance(answer, bytes) else answer
+                    self._load(keys[i], slots[i], answer)
+                    if isinstance(answer, (bytes, bytearray, memoryview))
+                    else answer
+                    if answer is None or isinstance(answer, BaseException)
+                    else RecordError("corrupt", f"a {type(answer).__name__} reply to GET")
                     for i, answer in zip(piece, self._pipelined(names, fetch), strict=True)
                 ]
             now = time.monotonic()
-            for i, outcome in zip(piece, outcomes, strict=True):
-                if isinstance(outcome, RecordError):
-                    reasons[i] = outcome.reason
-                    bad.append(keys[i])
-                    with self._lock:
+            dropped: list[tuple[OffloadKey, RecordError]] = []
+            with self._lock:  # one acquisition a piece, not one a record
+                for i, outcome in zip(piece, outcomes, strict=True):
+                    if outcome is True:
+                        ok[i] = True
+                        read += self.memory.slot_bytes
+                        self._stats["hits"] += 1
+                        self._remember(keys[i], Presence.HIT, now)
+                    elif isinstance(outcome, RecordError):
+                        reasons[i] = outcome.reason
+                        bad.append(keys[i])
+                        dropped.append((keys[i], outcome))
                         self._stats[f"rejected_{outcome.reason}"] += 1
                         self._remember(keys[i], Presence.MISS, now)
-                    logger.warning("redis tier: dropped record %s (%s)", keys[i].hex(), outcome)
-                    continue
-                if isinstance(outcome, BaseException):
-                    reasons[i] = _reason_of(outcome)
-                    continue
-                if outcome is None:  # expired or evicted since the lookup: a miss, no retry
-                    reasons[i] = "missing"
-                    with self._lock:
+                    elif outcome is None:  # expired or evicted since the lookup: a miss, no retry
+                        reasons[i] = "missing"
                         self._stats["misses"] += 1
                         self._remember(keys[i], Presence.MISS, now)
-                    continue
-                ok[i] = True
-                read += self.memory.slot_bytes
-                with self._lock:
-                    self._stats["hits"] += 1
-                    self._remember(keys[i], Presence.HIT, now)
+                    else:  # an exception object: the command failed
+                        reasons[i] = _reason_of(outcome)
+            for key, error in dropped:
+                logger.warning("redis tier: dropped record %s (%s)", key.hex(), error)
         if bad:
             answers = self._pipelined([self._name(k) for k in bad], lambda p, n: p.delete(n))
             with self._lock:

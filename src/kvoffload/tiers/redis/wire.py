@@ -30,6 +30,7 @@ except ImportError:  # pragma: no cover - older redis-py layouts
 
 CRLF = b"\r\n"
 _LINE_LIMIT = 64 * 1024  # replies to SET / GETEX never carry a longer line
+_READ_CHUNK = 4096  # a line read takes at most this much of what follows into our buffer
 
 
 def bulk(arg: bytes) -> bytes:
@@ -93,6 +94,19 @@ class Replies:
             raise RedisConnectionError("Connection closed by server.")
         return got
 
+    def _fill(self) -> None:
+        """Read more into the buffer: at most ``_READ_CHUNK`` bytes, so that most of a bulk
+        string that follows is received straight into its own buffer, not copied from ours."""
+        if self._lo == self._hi:
+            self._lo = self._hi = 0
+        elif self._lo:  # keep the unread part at the start of the buffer
+            kept = self._hi - self._lo
+            self._buf[:kept] = self._view[self._lo : self._hi]
+            self._lo, self._hi = 0, kept
+        if self._hi == len(self._buf):
+            raise RedisConnectionError("Protocol error: reply line too long")
+        self._hi += self._recv_into(self._view[self._hi : self._hi + _READ_CHUNK])
+
     def _line(self) -> bytes:
         while True:
             end = self._buf.find(CRLF, self._lo, self._hi)
@@ -100,13 +114,7 @@ class Replies:
                 line = bytes(self._view[self._lo : end])
                 self._lo = end + 2
                 return line
-            if self._lo:  # keep the partial line at the start of the buffer
-                kept = self._hi - self._lo
-                self._buf[:kept] = self._view[self._lo : self._hi]
-                self._lo, self._hi = 0, kept
-            if self._hi == len(self._buf):
-                raise RedisConnectionError("Protocol error: reply line too long")
-            self._hi += self._recv_into(self._view[self._hi :])
+            self._fill()
 
     def _exactly(self, view: memoryview) -> None:
         have = min(len(view), self._hi - self._lo)
@@ -117,10 +125,11 @@ class Replies:
             filled += self._recv_into(view[filled:])
 
     def _crlf(self) -> None:
-        end = bytearray(2)
-        self._exactly(memoryview(end))
-        if end != CRLF:
+        while self._hi - self._lo < 2:  # read with what follows: the next reply's line
+            self._fill()
+        if self._view[self._lo : self._lo + 2] != CRLF:
             raise RedisConnectionError("Protocol error: bulk string not followed by CRLF")
+        self._lo += 2
 
     def reply(self, buffer_for: Callable[[int], memoryview] | None = None) -> Any:
         """The next reply: ``True`` for ``+OK``, ``None`` for a nil, an ``int``, an exception
