@@ -69,6 +69,7 @@ def tier(request: pytest.FixtureRequest) -> Iterator[RedisTier]:
 
 
 def test_round_trip_is_byte_exact_and_counted(tier: RedisTier) -> None:
+    assert (tier._direct is None) == tier._is_cluster  # standalone: the direct socket path
     keys = fresh_keys(16)
     fill(tier.memory, keys, list(range(16)))  # type: ignore[arg-type]
     assert tier.contains(keys) == [Presence.MISS] * 16

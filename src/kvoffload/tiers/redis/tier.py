@@ -38,6 +38,7 @@ import contextlib
 import functools
 import inspect
 import logging
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -348,8 +349,16 @@ class RedisTier(Tier):
             param = inspect.signature(pool.get_connection).parameters.get("command_name")
         except (TypeError, ValueError):  # pragma: no cover
             param = None
-        needs_name = param is not None and param.default is inspect.Parameter.empty
-        return pool, (("SET",) if needs_name else ())
+        args = ("SET",) if param is not None and param.default is inspect.Parameter.empty else ()
+        try:  # the connections must expose the socket they connected (redis-py's ``_sock``)
+            conn = pool.get_connection(*args)
+        except RedisError:  # pragma: no cover - the server answered _check_server just now
+            return None, ()
+        try:
+            usable = isinstance(getattr(conn, "_sock", None), socket.socket)
+        finally:
+            pool.release(conn)
+        return (pool, args) if usable else (None, ())
 
     def _redacted(self) -> str:
         text = self._describe
