@@ -69,6 +69,7 @@ def tier(request: pytest.FixtureRequest) -> Iterator[RedisTier]:
 
 
 def test_round_trip_is_byte_exact_and_counted(tier: RedisTier) -> None:
+    assert (tier._direct is None) == tier._is_cluster  # standalone: the direct socket path
     keys = fresh_keys(16)
     fill(tier.memory, keys, list(range(16)))  # type: ignore[arg-type]
     assert tier.contains(keys) == [Presence.MISS] * 16
@@ -181,6 +182,67 @@ def test_signed_records_keep_out_writers_without_the_secret(standalone_url: str)
     finally:
         for t in (signer, intruder, other_secret):
             t.close()
+
+
+@pytest.mark.parametrize("ttl_ms", [0, 60_000])
+def test_records_on_the_wire_are_the_codec_format_on_both_paths(
+    standalone_url: str, ttl_ms: int
+) -> None:
+    """The direct socket path (standalone) and redis-py pipelines (here: a RESP3 client, which
+    the direct path leaves alone) store the same bytes and read each other's records."""
+    big = 256 * 1024  # several TCP segments and recv calls per record
+    direct = RedisTier(BytearraySlotMemory(big, 8), standalone_url, namespace="w", ttl_ms=ttl_ms)
+    resp3 = redis.Redis.from_url(standalone_url, protocol=3)
+    piped = RedisTier(BytearraySlotMemory(big, 8), namespace="w", ttl_ms=ttl_ms, client=resp3)
+    client = redis.Redis.from_url(standalone_url)
+    try:
+        assert direct._direct is not None and piped._direct is None
+        keys = fresh_keys(8)
+        fill(direct.memory, keys[:4], [0, 1, 2, 3])  # type: ignore[arg-type]
+        fill(piped.memory, keys[4:], [4, 5, 6, 7])  # type: ignore[arg-type]
+        direct.submit_put(keys[:4], [0, 1, 2, 3])
+        piped.submit_put(keys[4:], [4, 5, 6, 7])
+        assert wait(direct)[0].all_ok and wait(piped)[0].all_ok
+        for key in keys:
+            stored = client.get(direct._name(key))
+            assert stored == direct.codec.encode(key, pattern(key, big))
+            assert (client.pttl(direct._name(key)) > 0) == (ttl_ms > 0)
+        direct.submit_get(keys[4:], [0, 1, 2, 3])  # records the other path wrote
+        piped.submit_get(keys[:4], [4, 5, 6, 7])
+        assert wait(direct)[0].all_ok and wait(piped)[0].all_ok
+        for i in range(4):
+            assert bytes(direct.memory.slot_view(i)) == pattern(keys[4 + i], big)
+            assert bytes(piped.memory.slot_view(4 + i)) == pattern(keys[i], big)
+        assert direct.stats()["records_written"] == 4 and direct.stats()["hits"] == 4
+    finally:
+        direct.close()
+        piped.close()
+
+
+def test_server_errors_in_a_pipeline_fail_only_their_records() -> None:
+    """An error reply (OOM under noeviction) is that record's reason; the records around it
+    and the connection carry on."""
+    server = RedisProcess(None, "--maxmemory", "3mb", "--maxmemory-policy", "noeviction").start()
+    try:
+        size = 64 * 1024
+        memory = BytearraySlotMemory(size, 64)
+        tier = RedisTier(memory, server.url, namespace="t")
+        keys = fresh_keys(64)
+        fill(memory, keys, list(range(64)))
+        tier.submit_put(keys, list(range(64)))
+        (put,) = wait(tier)
+        stored = [k for k, ok in zip(keys, put.ok, strict=True) if ok]
+        assert 0 < len(stored) < len(keys)
+        assert set(put.reasons.values()) == {"server_full"}
+        assert tier.health().ok and tier.stats().get("connection_errors", 0) == 0
+        memory.slot_view(0)[:] = b"\0" * size
+        tier.submit_get(stored, [0] * len(stored))
+        (get,) = wait(tier)
+        assert get.all_ok
+        assert bytes(memory.slot_view(0)) == pattern(stored[-1], size)
+        tier.close()
+    finally:
+        server.close()
 
 
 def test_codec_rejects_every_single_byte_flip() -> None:
@@ -474,6 +536,18 @@ def test_tls_with_a_ca_file(tmp_path: Path) -> None:
         tier.submit_get([key], [1])
         assert wait(tier)[0].all_ok
         assert bytes(memory.slot_view(1)) == pattern(key)
+        tier.close()
+        big = BytearraySlotMemory(512 * 1024, 4)  # records over many TLS records
+        tier = RedisTier(big, url, namespace="tls", ssl_ca_certs=str(files["ca.crt"]))
+        assert tier._direct is not None
+        keys = fresh_keys(2)
+        fill(big, keys, [0, 1])
+        tier.submit_put(keys, [0, 1])
+        assert wait(tier)[0].all_ok
+        tier.submit_get(keys, [3, 2])
+        assert wait(tier)[0].all_ok
+        assert bytes(big.slot_view(3)) == pattern(keys[0], 512 * 1024)
+        assert bytes(big.slot_view(2)) == pattern(keys[1], 512 * 1024)
         tier.close()
         with pytest.raises(ConnectionError):  # a server whose certificate we cannot verify
             RedisTier(memory, url, namespace="tls", ssl_ca_certs=str(files["srv.crt"]))

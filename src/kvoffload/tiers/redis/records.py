@@ -111,6 +111,26 @@ class RecordCodec:
         out = bytearray(self.header_bytes(key) + len(payload))
         return bytes(self.encode_into(out, key, payload))
 
+    def header(self, key: bytes, payload: memoryview | bytes) -> bytes:
+        """The record's bytes before its payload: the record of ``payload`` is
+        ``header + payload``.
+
+        Why: a writer can send the payload from where it lies (a host slot) right after this
+        header instead of copying it into a record buffer first; the digest covers both.
+        """
+        signed = self.secret is not None
+        alg = self.alg_id
+        fixed = _FIXED.pack(
+            MAGIC, FORMAT_VERSION, FLAG_SIGNED if signed else 0, alg, 0,
+            len(self.namespace), len(key), len(payload),
+        )
+        hasher = self._hasher(alg, signed)
+        hasher.update(fixed)
+        hasher.update(self.namespace)
+        hasher.update(key)
+        hasher.update(payload)
+        return b"".join((fixed, self.namespace, key, hasher.digest().ljust(DIGEST_BYTES, b"\0")))
+
     def encode_into(
         self, out: bytearray, key: bytes, payload: memoryview | bytes
     ) -> memoryview:
@@ -119,26 +139,13 @@ class RecordCodec:
         Returns the view of ``out`` that holds the record; ``out`` must stay untouched until
         the view has been sent.
         """
-        signed = self.secret is not None
-        alg = self.alg_id
-        ns_len, key_len, size = len(self.namespace), len(key), len(payload)
-        digest_at = _FIXED.size + ns_len + key_len
-        payload_at = digest_at + DIGEST_BYTES
-        total = payload_at + size
+        head = self.header(key, payload)
+        total = len(head) + len(payload)
         if len(out) < total:
             out.extend(bytes(total - len(out)))
         view = memoryview(out)[:total]
-        _FIXED.pack_into(
-            view, 0, MAGIC, FORMAT_VERSION, FLAG_SIGNED if signed else 0, alg, 0,
-            ns_len, key_len, size,
-        )
-        view[_FIXED.size : _FIXED.size + ns_len] = self.namespace
-        view[_FIXED.size + ns_len : digest_at] = key
-        view[payload_at:] = payload
-        hasher = self._hasher(alg, signed)
-        hasher.update(view[:digest_at])
-        hasher.update(view[payload_at:])
-        view[digest_at:payload_at] = hasher.digest().ljust(DIGEST_BYTES, b"\0")
+        view[: len(head)] = head
+        view[len(head) :] = payload
         return view
 
     def payload_of(self, key: bytes, record: bytes | memoryview) -> memoryview:

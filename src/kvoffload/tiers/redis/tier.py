@@ -11,6 +11,12 @@ namespace. Design (``reference/tiering.md`` §2.4, §7.4):
   LRU/LFU eviction (``maxmemory-policy``) follows real use; the payload is verified, then
   copied straight into the host slot. A record that fails its check is dropped, counted and
   deleted; a missing key (evicted or expired between lookup and get) is a miss, never a loop.
+* Records travel on the pool's sockets without redis-py's command packer
+  (:mod:`kvoffload.tiers.redis.wire`): a put sends the record's header, then the payload
+  straight from its slot (no copy), and hashes the next record while the kernel moves this one;
+  a get receives each reply into one reusable buffer and verifies and copies it while the next
+  is arriving. Connections, AUTH, TLS, deadlines and retries stay redis-py's; a cluster, or a
+  client this cannot use (RESP3, client-side caching, one fixed connection), uses pipelines.
 * Lookups: ``contains`` answers from a bounded verdict cache; unknown keys get one pipelined
   ``EXISTS`` in the background and read ``UNKNOWN`` until it lands or the lookup deadline
   passes, after which they are a ``MISS``. (``lookup="sync"`` waits up to the deadline.)
@@ -30,7 +36,9 @@ import collections
 import concurrent.futures as cf
 import contextlib
 import functools
+import inspect
 import logging
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -57,8 +65,15 @@ try:
     from redis.exceptions import AuthenticationError, RedisError
     from redis.exceptions import ConnectionError as RedisConnectionError
     from redis.exceptions import TimeoutError as RedisTimeoutError
+
+    from kvoffload.tiers.redis import wire
 except ImportError:  # pragma: no cover - only without the [redis] extra
     _redis = None  # type: ignore[assignment]
+
+try:
+    from redis.connection import AbstractConnection as _AbstractConnection
+except ImportError:  # pragma: no cover - redis-py < 5: records go through pipelines
+    _AbstractConnection = None  # type: ignore[assignment,misc]
 
 _DEFAULT_MAX_VALUE = 512 * 2**20  # redis.conf proto-max-bulk-len default
 _KEY_CHARS_OK = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.")
@@ -224,6 +239,7 @@ class RedisTier(Tier):
         )
         self._describe = url if client is None else type(client).__name__
         self._check_server()
+        self._direct, self._direct_args = self._direct_pool()
 
         self._lock = threading.Lock()
         self._local = threading.local()
@@ -307,6 +323,42 @@ class RedisTier(Tier):
                     "(give an ACL username and password)"
                 ) from exc
             raise ConnectionError(f"redis tier: cannot reach {self._redacted()}: {text}") from exc
+
+    def _direct_pool(self) -> tuple[Any, tuple[str, ...]]:
+        """The client's pool, when records can go over its sockets directly (see :mod:`wire`),
+        and the arguments its ``get_connection`` wants; ``(None, ())`` otherwise."""
+        client = self._client
+        if self._is_cluster or _AbstractConnection is None or not isinstance(client, _redis.Redis):
+            return None, ()
+        if getattr(client, "connection", None) is not None:  # single_connection_client
+            return None, ()
+        pool: Any = getattr(client, "connection_pool", None)
+        cls = getattr(pool, "connection_class", None)
+        kwargs = getattr(pool, "connection_kwargs", None)
+        if (
+            not isinstance(cls, type)
+            or not issubclass(cls, _AbstractConnection)
+            or not isinstance(kwargs, dict)
+            or kwargs.get("protocol") not in (None, 2, "2")
+            or kwargs.get("cache") is not None
+            or kwargs.get("cache_config") is not None
+            or getattr(pool, "cache", None) is not None
+        ):
+            return None, ()
+        try:  # redis-py < 5.3 wants a command name; later ones warn when given one
+            param = inspect.signature(pool.get_connection).parameters.get("command_name")
+        except (TypeError, ValueError):  # pragma: no cover
+            param = None
+        args = ("SET",) if param is not None and param.default is inspect.Parameter.empty else ()
+        try:  # the connections must expose the socket they connected (redis-py's ``_sock``)
+            conn = pool.get_connection(*args)
+        except RedisError:  # pragma: no cover - the server answered _check_server just now
+            return None, ()
+        try:
+            usable = isinstance(getattr(conn, "_sock", None), socket.socket)
+        finally:
+            pool.release(conn)
+        return (pool, args) if usable else (None, ())
 
     def _redacted(self) -> str:
         text = self._describe
@@ -433,6 +485,47 @@ class RedisTier(Tier):
             self._note_failure(next(a for a in answers if isinstance(a, BaseException)), node)
         else:
             self._note_success(node)
+        return answers
+
+    def _direct_exchange(self, count: int, talk: Callable[[Any], list[Any]]) -> list[Any]:
+        """``talk(connection)`` on one connection of the pool: ``count`` answers, never raising.
+
+        redis-py's retry policy and the failure accounting of :meth:`_pipeline_group` apply; a
+        connection that failed or was left in an unknown state is dropped, not reused.
+        """
+        if not self._available():
+            return [_Unavailable(f"{self._redacted()} is backing off")] * count
+        pool: Any = self._direct
+        conn: Any = None
+        try:
+            conn = pool.get_connection(*self._direct_args)
+            retry = getattr(conn, "retry", None)
+            if retry is None:
+                answers = talk(conn)
+            else:
+                answers = retry.call_with_retry(
+                    functools.partial(talk, conn), lambda _error: conn.disconnect()
+                )
+        except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+            if conn is not None:
+                conn.disconnect()
+            self._note_failure(exc)
+            return [exc] * count
+        except RedisError as exc:
+            if conn is not None:
+                conn.disconnect()
+            return [exc] * count
+        except BaseException:
+            if conn is not None:
+                conn.disconnect()
+            raise
+        finally:
+            if conn is not None:
+                pool.release(conn)
+        if any(isinstance(a, (RedisConnectionError, RedisTimeoutError)) for a in answers):
+            self._note_failure(next(a for a in answers if isinstance(a, BaseException)))
+        else:
+            self._note_success()
         return answers
 
     def _remember(self, key: bytes, presence: Presence, now: float) -> None:
@@ -579,14 +672,23 @@ class RedisTier(Tier):
         px = self.ttl_ms or None
         for piece in self._pieces(len(keys), self.memory.slot_bytes):
             names = [self._name(keys[i]) for i in piece]
-            buffers = self._record_buffers(len(piece))
-            records = {
-                name: self.codec.encode_into(buf, keys[i], self.memory.slot_view(slots[i]))
-                for name, i, buf in zip(names, piece, buffers, strict=False)
-            }
-            answers = self._pipelined(
-                names, functools.partial(_set_absent, records=records, px=px)
-            )
+            if self._direct is not None:
+                answers = self._direct_exchange(
+                    len(piece),
+                    functools.partial(
+                        self._send_records, names=names, keys=[keys[i] for i in piece],
+                        slots=[slots[i] for i in piece], px=px,
+                    ),
+                )
+            else:
+                buffers = self._record_buffers(len(piece))
+                records = {
+                    name: self.codec.encode_into(buf, keys[i], self.memory.slot_view(slots[i]))
+                    for name, i, buf in zip(names, piece, buffers, strict=False)
+                }
+                answers = self._pipelined(
+                    names, functools.partial(_set_absent, records=records, px=px)
+                )
             now = time.monotonic()
             with self._lock:
                 for i, answer in zip(piece, answers, strict=True):
@@ -601,6 +703,89 @@ class RedisTier(Tier):
                         self._stats["records_existing"] += 1
                     self._remember(keys[i], Presence.HIT, now)
         return self._result(job_id, JobKind.PUT, keys, ok, generation, written, started, reasons)
+
+    def _send_records(
+        self,
+        conn: Any,
+        *,
+        names: list[bytes],
+        keys: list[OffloadKey],
+        slots: list[int],
+        px: int | None,
+    ) -> list[Any]:
+        """``SET name record NX [PX px]`` for each record on ``conn``; one answer per record.
+
+        Each record's header is built (and its payload hashed) just before it is sent, so the
+        next one is hashed while the kernel and the server move this one; the payload is sent
+        from its slot, never copied (the slot stays unchanged until the job is polled).
+        """
+        tail = b""
+        for n, (name, key, slot) in enumerate(zip(names, keys, slots, strict=True)):
+            payload = self.memory.slot_view(slot)
+            header = self.codec.header(key, payload)
+            head = tail + wire.set_head(name, len(header) + len(payload), px is not None)
+            conn.send_packed_command([head + header, payload], check_health=n == 0)
+            tail = wire.set_tail(px)
+        conn.send_packed_command([tail], check_health=False)
+        replies = wire.Replies(conn._sock)
+        answers = [replies.reply() for _ in names]
+        if replies.buffered:
+            raise RedisConnectionError("Protocol error: data after the last reply")
+        return answers
+
+    def _fetch_records(
+        self,
+        conn: Any,
+        *,
+        names: list[bytes],
+        keys: list[OffloadKey],
+        slots: list[int],
+        px: int,
+    ) -> list[Any]:
+        """``GETEX name PX px`` (``GET`` without a TTL) for each name on ``conn``: one outcome
+        per record (see :meth:`_load`), each verified and copied as soon as it has arrived."""
+        conn.send_packed_command([b"".join(wire.get_command(name, px) for name in names)])
+        replies = wire.Replies(conn._sock)
+        buffer = self._get_buffer()
+
+        def buffer_for(size: int) -> memoryview:
+            return buffer[:size] if size <= len(buffer) else memoryview(bytearray(size))
+
+        outcomes: list[Any] = []
+        for key, slot in zip(keys, slots, strict=True):
+            answer = replies.reply(buffer_for)
+            if isinstance(answer, memoryview):
+                outcomes.append(self._load(key, slot, answer))
+            elif answer is None or isinstance(answer, Exception):
+                outcomes.append(answer)
+            else:
+                raise RedisConnectionError(f"Protocol error: {type(answer).__name__} for a GET")
+        if replies.buffered:
+            raise RedisConnectionError("Protocol error: data after the last reply")
+        return outcomes
+
+    def _get_buffer(self) -> memoryview:
+        """This thread's reusable receive buffer, one record of the largest key."""
+        buffer: memoryview | None = getattr(self._local, "get_buffer", None)
+        if buffer is None:
+            size = self.codec.header_bytes(bytes(64)) + self.memory.slot_bytes
+            buffer = self._local.get_buffer = memoryview(bytearray(size))
+        return buffer
+
+    def _load(self, key: OffloadKey, slot: int, record: bytes | bytearray | memoryview) -> Any:
+        """Verify ``record`` and copy its payload into ``slot``: ``True``, or the
+        :class:`RecordError` that says why it must not be served (the slot is untouched)."""
+        try:
+            payload = self.codec.payload_of(key, memoryview(record))
+            view = self.memory.slot_view(slot)
+            if len(payload) != len(view):
+                raise RecordError(
+                    "foreign", f"{len(payload)} payload bytes for a {len(view)}-byte slot"
+                )
+            view[:] = payload
+        except RecordError as exc:
+            return exc
+        return True
 
     def _record_buffers(self, count: int) -> list[bytearray]:
         """This thread's reusable record buffers (no 2 MiB allocation and free per record)."""
@@ -626,39 +811,47 @@ class RedisTier(Tier):
             return pipe.getex(name, px=px) if px else pipe.get(name)
 
         for piece in self._pieces(len(keys), self.memory.slot_bytes):
-            answers = self._pipelined([self._name(keys[i]) for i in piece], fetch)
+            names = [self._name(keys[i]) for i in piece]
+            if self._direct is not None:
+                outcomes = self._direct_exchange(
+                    len(piece),
+                    functools.partial(
+                        self._fetch_records, names=names, keys=[keys[i] for i in piece],
+                        slots=[slots[i] for i in piece], px=px,
+                    ),
+                )
+            else:
+                outcomes = [
+                    self._load(keys[i], slots[i], answer)
+                    if isinstance(answer, (bytes, bytearray, memoryview))
+                    else answer
+                    if answer is None or isinstance(answer, BaseException)
+                    else RecordError("corrupt", f"a {type(answer).__name__} reply to GET")
+                    for i, answer in zip(piece, self._pipelined(names, fetch), strict=True)
+                ]
             now = time.monotonic()
-            for i, answer in zip(piece, answers, strict=True):
-                if isinstance(answer, BaseException):
-                    reasons[i] = _reason_of(answer)
-                    continue
-                if answer is None:  # expired or evicted since the lookup: a miss, no retry
-                    reasons[i] = "missing"
-                    with self._lock:
+            dropped: list[tuple[OffloadKey, RecordError]] = []
+            with self._lock:  # one acquisition a piece, not one a record
+                for i, outcome in zip(piece, outcomes, strict=True):
+                    if outcome is True:
+                        ok[i] = True
+                        read += self.memory.slot_bytes
+                        self._stats["hits"] += 1
+                        self._remember(keys[i], Presence.HIT, now)
+                    elif isinstance(outcome, RecordError):
+                        reasons[i] = outcome.reason
+                        bad.append(keys[i])
+                        dropped.append((keys[i], outcome))
+                        self._stats[f"rejected_{outcome.reason}"] += 1
+                        self._remember(keys[i], Presence.MISS, now)
+                    elif outcome is None:  # expired or evicted since the lookup: a miss, no retry
+                        reasons[i] = "missing"
                         self._stats["misses"] += 1
                         self._remember(keys[i], Presence.MISS, now)
-                    continue
-                try:
-                    payload = self.codec.payload_of(keys[i], answer)
-                    view = self.memory.slot_view(slots[i])
-                    if len(payload) != len(view):
-                        raise RecordError(
-                            "foreign", f"{len(payload)} payload bytes for a {len(view)}-byte slot"
-                        )
-                    view[:] = payload
-                except RecordError as exc:
-                    reasons[i] = exc.reason
-                    bad.append(keys[i])
-                    with self._lock:
-                        self._stats[f"rejected_{exc.reason}"] += 1
-                        self._remember(keys[i], Presence.MISS, now)
-                    logger.warning("redis tier: dropped record %s (%s)", keys[i].hex(), exc)
-                    continue
-                ok[i] = True
-                read += len(view)
-                with self._lock:
-                    self._stats["hits"] += 1
-                    self._remember(keys[i], Presence.HIT, now)
+                    else:  # an exception object: the command failed
+                        reasons[i] = _reason_of(outcome)
+            for key, error in dropped:
+                logger.warning("redis tier: dropped record %s (%s)", key.hex(), error)
         if bad:
             answers = self._pipelined([self._name(k) for k in bad], lambda p, n: p.delete(n))
             with self._lock:
@@ -790,6 +983,6 @@ def _reason_of(exc: BaseException) -> str:
     if isinstance(exc, (RedisConnectionError, RedisTimeoutError, OSError, _Unavailable)):
         return "unavailable"
     text = str(exc)
-    if "OOM" in text:
+    if "OOM" in text or type(exc).__name__ == "OutOfMemoryError":  # redis-py strips the "OOM"
         return "server_full"
     return "server_error"
