@@ -111,11 +111,37 @@ def encode_header(
     written_ns: int = 0,
 ) -> bytes:
     """The :data:`HEADER_BYTES` header of a record (padded with zeros)."""
+    buf = bytearray(HEADER_BYTES)
+    encode_header_into(
+        buf, 0, key, namespace, payload_len, checksum_kind, payload_checksum, written_ns
+    )
+    return bytes(buf)
+
+
+def encode_header_into(
+    buf: bytearray,
+    offset: int,
+    key: bytes,
+    namespace: bytes,
+    payload_len: int,
+    checksum_kind: ChecksumKind,
+    payload_checksum: int,
+    written_ns: int = 0,
+) -> None:
+    """Write a header into ``buf[offset : offset + HEADER_BYTES]``, which must be zeros.
+
+    Why: a store of a run of records packs all their headers into one buffer with no
+    per-record ``bytes`` allocation (the pad stays the buffer's own zeros).
+    """
     if len(namespace) != NAMESPACE_BYTES:
         raise ValueError(f"namespace must be {NAMESPACE_BYTES} bytes, got {len(namespace)}")
     if not 0 < len(key) <= MAX_KEY_BYTES:
         raise ValueError(f"key must be 1..{MAX_KEY_BYTES} bytes, got {len(key)}")
-    fixed = _FIXED.pack(
+    if offset < 0 or offset + HEADER_BYTES > len(buf):
+        raise ValueError(f"no room for a header at offset {offset} of {len(buf)} bytes")
+    _FIXED.pack_into(
+        buf,
+        offset,
         MAGIC,
         FORMAT_VERSION,
         HEADER_BYTES,
@@ -127,9 +153,11 @@ def encode_header(
         written_ns,
         namespace,
     )
-    crc = zlib.crc32(key, zlib.crc32(fixed))
-    head = fixed + _CRC.pack(crc) + key
-    return head + bytes(HEADER_BYTES - len(head))
+    view = memoryview(buf)
+    crc = zlib.crc32(key, zlib.crc32(view[offset : offset + _FIXED.size]))
+    _CRC.pack_into(buf, offset + _FIXED.size, crc)
+    start = offset + _KEY_OFFSET
+    buf[start : start + len(key)] = key
 
 
 def is_empty(buf: bytes | bytearray | memoryview) -> bool:
@@ -192,6 +220,7 @@ __all__ = [
     "checksum_function",
     "decode_header",
     "encode_header",
+    "encode_header_into",
     "is_empty",
     "resolve_checksum",
     "xxhash_available",

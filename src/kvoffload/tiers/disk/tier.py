@@ -58,7 +58,7 @@ from kvoffload.tiers.disk.records import (
     RecordError,
     checksum_function,
     decode_header,
-    encode_header,
+    encode_header_into,
     is_empty,
     resolve_checksum,
 )
@@ -68,6 +68,7 @@ _FREE_SPACE_REFRESH_S = 0.25
 _ZERO_HEADER = bytes(HEADER_BYTES)
 _ZERO_VIEW = memoryview(_ZERO_HEADER)
 _MAX_RUN = 256  # records per vectored call (two buffers each, under IOV_MAX = 1024)
+_MIN_TASK_BYTES = 4 << 20  # a job is not split into tasks smaller than this
 
 
 def _check_int(name: str, value: object, minimum: int) -> int:
@@ -104,14 +105,21 @@ class _Job:
     written: list[int] = field(default_factory=list)  # indices of keys written, to publish
 
 
-@dataclass(frozen=True)
 class _Item:
-    """One key of a job: its index in the job, host slot and index entry (arena slot)."""
+    """One key of a job: its index in the job, host slot, index entry and arena slot.
 
-    index: int
-    key: OffloadKey
-    slot: int
-    entry: IndexEntry
+    A plain ``__slots__`` class, not a frozen dataclass: one is built per key of every job,
+    and a frozen dataclass's ``__init__`` costs several times more.
+    """
+
+    __slots__ = ("arena", "entry", "index", "key", "slot")
+
+    def __init__(self, index: int, key: OffloadKey, slot: int, entry: IndexEntry) -> None:
+        self.index = index
+        self.key = key
+        self.slot = slot
+        self.entry = entry
+        self.arena = entry.slot
 
 
 class DiskTier(Tier):
@@ -272,31 +280,40 @@ class DiskTier(Tier):
                 return self._maybe_finish(job)
             limit = self._effective_limit()
             batch = set(keys_t)
-            seen: set[OffloadKey] = set()
+            # a set of keys seen so far is only needed when the batch repeats one
+            seen: set[OffloadKey] | None = set() if len(batch) != len(keys_t) else None
+            index, record_bytes = self._index, self.record_bytes
             tasks: list[_Item] = []
+            evictions = 0
             for i, (key, slot) in enumerate(zip(keys_t, slots_t, strict=True)):
-                reason = self._bad_key(key)
-                if reason is None and key in seen:
-                    reason = "duplicate"
-                if reason is not None:
-                    self._drop(job, i, reason)
+                if not isinstance(key, bytes) or not 0 < len(key) <= MAX_KEY_BYTES:
+                    self._drop(job, i, "bad_key")
                     continue
-                seen.add(key)
-                existing = self._index.get(key)
+                if seen is not None:
+                    if key in seen:
+                        self._drop(job, i, "duplicate")
+                        continue
+                    seen.add(key)
+                existing = index.get(key)
                 if existing is not None:
                     if existing.status.ref_cnt >= 0 and not existing.doomed:
                         job.ok[i] = True  # records are immutable: already stored
                     else:
                         self._drop(job, i, "in_flight")
                     continue
-                victims = self._index.make_room(self.record_bytes, limit, batch)
-                entry = None if victims is None else self._index.begin_write(key, self.record_bytes)
-                if victims is None or entry is None:
+                if index.used_bytes + index.reserved_bytes + record_bytes <= limit:
+                    entry = index.begin_write(key, record_bytes)  # fits: nothing to evict
+                else:
+                    victims = index.make_room(record_bytes, limit, batch)
+                    entry = None if victims is None else index.begin_write(key, record_bytes)
+                    if victims:
+                        job.evicted.extend(victim_key for victim_key, _ in victims)
+                        evictions += len(victims)
+                if entry is None:
                     self._drop(job, i, "no_space")
                     continue
-                job.evicted.extend(victim_key for victim_key, _ in victims)
-                self._stats["evictions"] += len(victims)
                 tasks.append(_Item(i, key, slot, entry))
+            self._stats["evictions"] += evictions
             job.remaining = len(tasks)
             for chunk in self._chunks(tasks):
                 self._pool.submit(self._run_put, job, chunk)
@@ -429,12 +446,6 @@ class DiskTier(Tier):
                 raise ValueError(f"slot must be in [0, {n}), got {slot}")
         return keys_t, slots_t
 
-    @staticmethod
-    def _bad_key(key: object) -> str | None:
-        if not isinstance(key, bytes) or not 0 < len(key) <= MAX_KEY_BYTES:
-            return "bad_key"
-        return None
-
     def _new_job(self, kind: JobKind, keys: tuple[OffloadKey, ...], generation: int) -> _Job:
         job = _Job(
             job_id=next(self._job_ids),
@@ -516,20 +527,26 @@ class DiskTier(Tier):
     def _chunks(self, items: list[_Item]) -> list[list[_Item]]:
         """A job's keys as tasks: runs of adjacent arena slots, split across the threads.
 
-        Adjacent slots go to the file in one vectored call; a job is cut into at most about
-        ``io_threads`` tasks so one large batch still uses every thread.
+        Adjacent slots go to the file in one vectored call. A job is cut into at most about
+        ``io_threads`` tasks so one large batch still uses every thread, but no task is cut
+        below :data:`_MIN_TASK_BYTES`: each task costs a thread hand-off, a lock round and
+        (for puts) its own system calls, which small blocks cannot amortise (and writes into
+        one file serialise in the kernel anyway).
         """
         if not items:
             return []
-        items = sorted(items, key=lambda it: it.entry.slot)
-        per_task = min(_MAX_RUN, max(1, -(-len(items) // self._threads)))
+        if any(a.arena >= b.arena for a, b in itertools.pairwise(items)):
+            items = sorted(items, key=lambda it: it.arena)
+        per_task = max(-(-len(items) // self._threads), -(-_MIN_TASK_BYTES // self.record_bytes))
+        per_task = min(_MAX_RUN, per_task)
         chunks: list[list[_Item]] = [[items[0]]]
+        last = chunks[0]
         for item in items[1:]:
-            last = chunks[-1]
-            if item.entry.slot == last[-1].entry.slot + 1 and len(last) < per_task:
+            if item.arena == last[-1].arena + 1 and len(last) < per_task:
                 last.append(item)
             else:
-                chunks.append([item])
+                last = [item]
+                chunks.append(last)
         return chunks
 
     def _run_put(self, job: _Job, items: list[_Item]) -> None:
@@ -546,17 +563,21 @@ class DiskTier(Tier):
                 reason = "io_error"  # a fault must be a failed key, never escape
         seconds = time.perf_counter() - t0
         with self._lock:
-            for item in items:
-                self._index.end_write(item.key, reason is None, written_ns)
-                if reason is None:
-                    job.ok[item.index] = True
-                    job.written.append(item.index)
-                    job.nbytes += self.memory.slot_bytes
-                else:
-                    self._drop(job, item.index, reason)
+            end_write = self._index.end_write
             if reason is None:
+                ok = job.ok
+                for item in items:
+                    end_write(item.key, True, written_ns)
+                    ok[item.index] = True
+                job.written.extend(item.index for item in items)
+                nbytes = len(items) * self.memory.slot_bytes
+                job.nbytes += nbytes
                 self._stats["stored"] += len(items)
-                self._stats["bytes_written"] += len(items) * self.memory.slot_bytes
+                self._stats["bytes_written"] += nbytes
+            else:
+                for item in items:
+                    end_write(item.key, False)
+                    self._drop(job, item.index, reason)
             self._stats["write_seconds"] += seconds
             job.remaining -= len(items)
             self._maybe_finish(job)
@@ -567,37 +588,40 @@ class DiskTier(Tier):
         Under ``rename`` and ``fsync`` one vectored write lays down zeroed headers and the
         payloads in file order (so each old header dies before its payload changes), then the
         real headers follow one by one: a record exists only once its header is written.
+        Every header of the run is packed into one buffer (no per-record allocation).
         """
         written_ns = time.time_ns()
-        views = [self.memory.slot_view(item.slot) for item in items]
-        headers = [
-            memoryview(
-                encode_header(
-                    item.key,
-                    self.namespace,
-                    view.nbytes,
-                    self._checksum_kind,
-                    self._checksum_fn(view),
-                    written_ns,
-                )
+        slot_view, checksum = self.memory.slot_view, self._checksum_fn
+        namespace, kind = self.namespace, self._checksum_kind
+        n = len(items)
+        headers = bytearray(HEADER_BYTES * n)
+        views = []
+        offset = 0
+        for item in items:
+            view = slot_view(item.slot)
+            views.append(view)
+            encode_header_into(
+                headers, offset, item.key, namespace, view.nbytes, kind, checksum(view), written_ns
             )
-            for item, view in zip(items, views, strict=True)
-        ]
-        files, fd = self.files, self._fd
-        first = items[0].entry.slot * self.record_bytes
+            offset += HEADER_BYTES
+        hview = memoryview(headers)
+        files, fd, record_bytes = self.files, self._fd, self.record_bytes
+        first = items[0].arena * record_bytes
+        total = n * record_bytes
         body: list[memoryview] = []
         if self.durability == "none":
-            for header, view in zip(headers, views, strict=True):
-                body += (header, view)
-            write_all(files, fd, body, first)
+            for k, view in enumerate(views):
+                body += (hview[k * HEADER_BYTES : (k + 1) * HEADER_BYTES], view)
+            write_all(files, fd, body, first, total)
             return written_ns
         for view in views:
             body += (_ZERO_VIEW, view)
-        write_all(files, fd, body, first)
+        write_all(files, fd, body, first, total)
         if self.durability == "fsync":
             files.fdatasync(fd)
-        for item, header in zip(items, headers, strict=True):
-            write_all(files, fd, [header], item.entry.slot * self.record_bytes)
+        for k, item in enumerate(items):
+            header = hview[k * HEADER_BYTES : (k + 1) * HEADER_BYTES]
+            write_all(files, fd, (header,), item.arena * record_bytes, HEADER_BYTES)
         if self.durability == "fsync":
             files.fdatasync(fd)
         return written_ns
@@ -638,7 +662,7 @@ class DiskTier(Tier):
         body: list[memoryview] = []
         for k, view in enumerate(views):
             body += (header_bufs[k * HEADER_BYTES : (k + 1) * HEADER_BYTES], view)
-        n = read_full(self.files, self._fd, body, items[0].entry.slot * self.record_bytes)
+        n = read_full(self.files, self._fd, body, items[0].arena * self.record_bytes)
         out: list[str | None] = []
         for k, (item, view) in enumerate(zip(items, views, strict=True)):
             if n < (k + 1) * self.record_bytes:
