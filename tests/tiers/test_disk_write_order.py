@@ -173,3 +173,19 @@ def test_a_format_1_arena_is_refused_and_left_untouched(tmp_path: Path) -> None:
     assert _run(tier, tier.submit_put([conformance_key(1)], [0])).all_ok
     tier.close()
     assert legacy.read_bytes() == raw  # neither read as records nor erased
+
+
+@pytest.mark.parametrize(("slot", "calls"), [(64 * 1024, 1), (1 << 20, 2)])
+def test_a_put_job_is_split_into_tasks_of_at_least_4_mib(
+    tmp_path: Path, slot: int, calls: int
+) -> None:
+    """16 small records: one task, one write; 8 records of 1 MiB: two tasks of 4 records."""
+    n = 16 if slot < 1 << 20 else 8
+    memory = BytearraySlotMemory(slot, n)
+    files = CutAt()
+    tier = DiskTier(memory, tmp_path, n * (HEADER_BYTES + slot), files=files, io_threads=4)
+    files.armed = True
+    keys = [conformance_key(i) for i in range(n)]
+    assert _run(tier, tier.submit_put(keys, list(range(n)))).all_ok
+    tier.close()
+    assert len(files.sizes) == calls and sum(files.sizes) == n * (HEADER_BYTES + slot)

@@ -79,7 +79,7 @@ DURABILITIES = ("none", "rename", "fsync")
 _FREE_SPACE_REFRESH_S = 0.25
 _ZERO_FIELDS = memoryview(bytes(HEADER_BYTES - STAMP_BYTES))  # a header page after its stamp
 _MAX_RUN = 256  # records per vectored call (two buffers each, under IOV_MAX = 1024)
-_MIN_TASK_BYTES = 4 << 20  # a job is not split into tasks smaller than this
+_MIN_PUT_TASK_BYTES = 4 << 20  # a put job is not split into tasks smaller than this
 
 
 def _check_int(name: str, value: object, minimum: int) -> int:
@@ -339,7 +339,7 @@ class DiskTier(Tier):
                 tasks.append(_Item(i, key, slot, entry))
             self._stats["evictions"] += evictions
             job.remaining = len(tasks)
-            for chunk in self._chunks(tasks):
+            for chunk in self._chunks(tasks, _MIN_PUT_TASK_BYTES):
                 self._pool.submit(self._run_put, job, chunk)
             return self._maybe_finish(job)
 
@@ -365,7 +365,7 @@ class DiskTier(Tier):
             if hit_keys:
                 self._index.policy.touch(reversed(hit_keys))
             job.remaining = len(tasks)
-            for chunk in self._chunks(tasks):
+            for chunk in self._chunks(tasks, 0):
                 self._pool.submit(self._run_get, job, chunk)
             return self._maybe_finish(job)
 
@@ -548,20 +548,21 @@ class DiskTier(Tier):
 
     # ----------------------------------------------------------------- I/O tasks (threads)
 
-    def _chunks(self, items: list[_Item]) -> list[list[_Item]]:
+    def _chunks(self, items: list[_Item], min_bytes: int) -> list[list[_Item]]:
         """A job's keys as tasks: runs of adjacent arena slots, split across the threads.
 
         Adjacent slots go to the file in one vectored call. A job is cut into at most about
         ``io_threads`` tasks so one large batch still uses every thread, but no task is cut
-        below :data:`_MIN_TASK_BYTES`: each task costs a thread hand-off, a lock round and
-        (for puts) its own system calls, which small blocks cannot amortise (and writes into
-        one file serialise in the kernel anyway).
+        below ``min_bytes``. Puts use :data:`_MIN_PUT_TASK_BYTES`: each task costs a thread
+        hand-off, a lock round and its own write call, which small blocks cannot amortise,
+        and writes into one file serialise in the kernel anyway; reads of the page cache do
+        run in parallel, so gets keep the finer split.
         """
         if not items:
             return []
         if any(a.arena >= b.arena for a, b in itertools.pairwise(items)):
             items = sorted(items, key=lambda it: it.arena)
-        per_task = max(-(-len(items) // self._threads), -(-_MIN_TASK_BYTES // self.record_bytes))
+        per_task = max(-(-len(items) // self._threads), -(-min_bytes // self.record_bytes))
         per_task = min(_MAX_RUN, per_task)
         chunks: list[list[_Item]] = [[items[0]]]
         last = chunks[0]
