@@ -217,6 +217,9 @@ class DiskTier(Tier):
         )
         self._index = DiskIndex(policy_obj, max_slots)
         self._lock = threading.Lock()
+        # one store write in the kernel at a time: buffered writes to one file serialise on its
+        # inode lock anyway, where waiters spin on a CPU the other threads' checksums could use
+        self._write_lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
         self._job_ids = itertools.count(1)
         self._jobs: dict[int, _Job] = {}
@@ -657,7 +660,8 @@ class DiskTier(Tier):
         if self.durability != "fsync":
             for k, (crc, write_id) in enumerate(stamps, 1):
                 encode_stamp_into(pages, k * HEADER_BYTES, crc, write_id)
-            write_all(files, fd, body, first, total)
+            with self._write_lock:
+                write_all(files, fd, body, first, total)
             return written_ns
         reused = [item.arena for item in items if not item.entry.fresh]
         for arena_slot in reused:  # power loss must not find an old header over new bytes
