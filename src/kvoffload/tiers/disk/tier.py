@@ -24,9 +24,9 @@ a run of adjacent records (1) replaces each slot's header, which kills the old r
 writes its payload, (3) writes its stamp. A process killed at any point leaves a slot that is
 empty, holds the old record whole (killed before 1), or holds the new one whole; a torn payload
 under a committed header cannot arise, and the checksums catch it anyway. Format 1 needed one
-more write per record (old header zeroed with the payload, then each header on its own); a
-small write costs about as much as a 64 KiB one on ext4, so that was most of a small block's
-store cost.
+more write per record (old header zeroed with the payload, then each header on its own); on
+this project's build machine (ext4) a 4 KiB write cost 7-17 us, a third to a half of a whole
+64 KiB write, and each is also a GIL hand-off for the I/O thread.
 """
 
 from __future__ import annotations
