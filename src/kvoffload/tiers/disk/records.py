@@ -161,14 +161,11 @@ def encode_header_into(
         raise ValueError(f"key must be 1..{MAX_KEY_BYTES} bytes, got {len(key)}")
     if offset < 0 or offset + HEADER_BYTES > len(buf):
         raise ValueError(f"no room for a header page at offset {offset} of {len(buf)} bytes")
-    start = offset + _FIELDS
-    _FIXED.pack_into(
-        buf,
-        start,
+    fixed = _FIXED.pack(
         MAGIC,
         FORMAT_VERSION,
         HEADER_BYTES,
-        int(checksum_kind),
+        checksum_kind,
         0,
         len(key),
         payload_len,
@@ -177,10 +174,9 @@ def encode_header_into(
         namespace,
         write_id,
     )
-    crc = zlib.crc32(key, zlib.crc32(memoryview(buf)[start : start + _FIXED.size]))
-    _CRC.pack_into(buf, start + _FIXED.size, crc)
-    key_at = offset + _KEY_OFFSET
-    buf[key_at : key_at + len(key)] = key
+    crc = zlib.crc32(key, zlib.crc32(fixed))
+    start = offset + _FIELDS  # fields, their CRC and the key in one slice assignment
+    buf[start : _KEY_OFFSET + offset + len(key)] = fixed + _CRC.pack(crc) + key
     return crc
 
 
