@@ -30,6 +30,7 @@ from vllm.v1.kv_offload.base import LookupResult, ReqContext
 from vllm.v1.kv_offload.tiering.base import TIER_LABEL, TieringOffloadingMetrics
 
 from kvoffload.tiers.disk import HEADER_BYTES, FileLayer, namespace_digest
+from kvoffload.tiers.disk.records import STAMP_BYTES
 
 sys.path.insert(0, str(Path(__file__).parent))
 from vllm_tier_driver import MODULE, VllmTieringDriver, tiering_spec
@@ -278,7 +279,7 @@ def test_weak_point_unbounded_disk_capacity_is_a_bound(tmp_path: Path) -> None:
         assert stats["stored"] == 48
         assert stats["used_bytes"] <= 16 * RECORD and stats["records"] == 16
         assert stats["evictions"] == 32
-        assert os.path.getsize(tier.arena_path) <= 16 * RECORD
+        assert os.path.getsize(tier.arena_path) <= 16 * RECORD + STAMP_BYTES  # + the last stamp
     finally:
         driver.close()
 
@@ -371,7 +372,7 @@ def test_weak_point_torn_record_after_a_crash_is_erased_on_restart(tmp_path: Pat
     finally:
         driver.close()
     with open(arena, "r+b") as f:  # a crash mid-write: the second record's header is torn
-        f.seek(RECORD + 40)
+        f.seek(RECORD + STAMP_BYTES + 40)  # header fields follow the previous slot's stamp
         f.write(b"\xff" * 16)
         f.seek(0, os.SEEK_END)
         f.write(b"partial record")
@@ -392,7 +393,7 @@ def test_weak_point_fsync_durability_issues_write_barriers(tmp_path: Path) -> No
     try:
         driver.request(keys_for(4))
         driver.settle()
-        assert files.syncs >= 2  # after the payloads, and after the headers that commit them
+        assert files.syncs >= 2  # after the payloads, and after the stamps that commit them
     finally:
         driver.close()
 

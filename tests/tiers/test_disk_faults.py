@@ -12,6 +12,7 @@ from kvoffload.testing.tiers import conformance_key
 from kvoffload.tiers import BytearraySlotMemory, Presence, TierResult
 from kvoffload.tiers.disk import HEADER_BYTES, DiskTier
 from kvoffload.tiers.disk.io import FileLayer
+from kvoffload.tiers.disk.records import STAMP_BYTES
 
 SLOT = 8192
 
@@ -129,7 +130,9 @@ def test_a_flipped_byte_on_disk_is_never_served(tmp_path: Path, where: str) -> N
     tier, _memory, _files, _data = _setup(tmp_path)
     assert _run(tier, tier.submit_put([conformance_key(1)], [0])).all_ok
     (path,) = tmp_path.rglob("*.kv")
+    # header fields start after the page's first STAMP_BYTES (the previous slot's stamp)
     offset = {"payload": HEADER_BYTES + SLOT // 2, "header": 12, "key": 70}[where]
+    offset += 0 if where == "payload" else STAMP_BYTES
     raw = bytearray(path.read_bytes())
     raw[offset] ^= 0x20
     path.write_bytes(bytes(raw))
@@ -149,13 +152,14 @@ def test_restart_erases_torn_and_garbled_records(tmp_path: Path) -> None:
     (arena,) = tmp_path.rglob("*.kv")
     record = HEADER_BYTES + SLOT
     raw = bytearray(arena.read_bytes())
-    raw[record * 1] ^= 1  # slot 1: bad magic
-    raw[record * 2 + 40] ^= 1  # slot 2: a header field, caught by the header CRC
+    raw[record * 1 + STAMP_BYTES] ^= 1  # slot 1: bad magic
+    raw[record * 2 + STAMP_BYTES + 40] ^= 1  # slot 2: a header field, caught by the header CRC
     arena.write_bytes(bytes(raw[: record * 3 + HEADER_BYTES + 100]))  # slot 3: cut short
     fresh = DiskTier(memory, tmp_path, 8 * (HEADER_BYTES + SLOT))
     stats = fresh.stats()
     assert stats["records"] == 1 and stats["torn_records"] == 3
     assert fresh.contains(keys) == [Presence.HIT, Presence.MISS, Presence.MISS, Presence.MISS]
-    assert arena.stat().st_size == 3 * record  # the partial slot is cut off
+    # the partial slot is cut off; slot 2's stamp (the next page's first bytes) stays
+    assert arena.stat().st_size == 3 * record + STAMP_BYTES
     fresh.close()
     assert _records_after_restart(tmp_path) == 1  # the bad headers were zeroed, not re-counted

@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
+import struct
+import zlib
+
 import pytest
 
 from kvoffload.tiers.disk.records import (
     HEADER_BYTES,
     MAX_KEY_BYTES,
+    STAMP_BYTES,
     ChecksumKind,
     RecordError,
     decode_header,
     encode_header,
+    encode_stamp_into,
     is_empty,
     resolve_checksum,
+    stamp_commits,
 )
 
 NS = bytes(range(32))
@@ -38,7 +44,7 @@ def test_header_round_trips_and_is_padded_to_4_kib() -> None:
 )
 def test_a_damaged_header_is_refused(offset: int, message: str) -> None:
     raw = bytearray(encode_header(b"key-1234", NS, 10, ChecksumKind.XXH3_64, 5))
-    raw[offset] ^= 0x04
+    raw[STAMP_BYTES + offset] ^= 0x04  # the fields follow the previous slot's stamp
     with pytest.raises(RecordError, match=message):
         decode_header(raw)
 
@@ -54,3 +60,40 @@ def test_bad_arguments() -> None:
         resolve_checksum("sha1")
     with pytest.raises(TypeError):
         resolve_checksum(3)  # type: ignore[arg-type]
+
+
+def _stamp_for(raw: bytes) -> bytearray:
+    header = decode_header(raw)
+    buf = bytearray(STAMP_BYTES)
+    encode_stamp_into(buf, 0, header.header_crc, header.write_id)
+    return buf
+
+
+def test_a_stamp_commits_exactly_its_own_header() -> None:
+    raw = encode_header(b"key-1", NS, 10, ChecksumKind.CRC32, 5, written_ns=7, write_id=41)
+    header = decode_header(raw)
+    assert header.write_id == 41
+    stamp = _stamp_for(raw)
+    assert stamp_commits(stamp, header)
+    # the same key and bytes written again (another write id): the old stamp does not commit it
+    again = decode_header(encode_header(b"key-1", NS, 10, ChecksumKind.CRC32, 5, 7, write_id=42))
+    assert not stamp_commits(stamp, again)
+    # another record that happens to get the same write id: its header CRC differs
+    other = decode_header(encode_header(b"key-2", NS, 10, ChecksumKind.CRC32, 5, 7, write_id=41))
+    assert not stamp_commits(stamp, other)
+    for offset in range(28):  # its 24 bytes of fields and their CRC (the rest is padding)
+        bad = bytearray(stamp)
+        bad[offset] ^= 0x10
+        assert not stamp_commits(bad, header), offset
+    assert not stamp_commits(bytes(STAMP_BYTES), header)  # a zeroed stamp: not committed
+    assert not stamp_commits(stamp[:20], header)  # a stamp cut short by the file's end
+
+
+def test_a_format_1_header_is_refused_by_its_version() -> None:
+    """Format 1 put the header at the page's first byte and had no stamp."""
+    fixed = struct.pack("<8sHHBBHQQQ32s", b"KVOFFBLK", 1, 4096, 1, 0, 5, 10, 0, 0, NS)
+    raw = bytearray(HEADER_BYTES)
+    crc = zlib.crc32(b"key-1", zlib.crc32(fixed))
+    raw[: len(fixed) + 9] = fixed + struct.pack("<I", crc) + b"key-1"
+    with pytest.raises(RecordError, match="format version 1"):
+        decode_header(raw)

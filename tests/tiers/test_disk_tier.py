@@ -12,6 +12,7 @@ from kvoffload.testing.tiers import ALL_CHECKS, check_tier_conformance, conforma
 from kvoffload.tiers import BytearraySlotMemory, Presence, Tier
 from kvoffload.tiers.disk import HEADER_BYTES, DiskTier
 from kvoffload.tiers.disk.io import FileLayer
+from kvoffload.tiers.disk.records import STAMP_BYTES
 from kvoffload.tiers.registry import available_tiers, get_tier_cls, register_tier
 
 
@@ -125,7 +126,8 @@ def test_budget_evicts_by_the_chosen_policy_and_deletes_files(tmp_path: Path) ->
     assert put.evicted == (_key(0),)  # type: ignore[attr-defined]
     assert tier.contains([_key(0), _key(3)]) == [Presence.MISS, Presence.HIT]
     (arena,) = tmp_path.rglob("*.kv")
-    assert arena.stat().st_size == 3 * (HEADER_BYTES + 1024)  # the 4th reused a slot
+    # the 4th reused a slot (the file: 3 slots and the last one's commit stamp)
+    assert arena.stat().st_size == 3 * (HEADER_BYTES + 1024) + STAMP_BYTES
     assert tier.stats()["evictions"] == 1
     assert tier.stats()["used_bytes"] <= tier.stats()["capacity_bytes"]
     tier.close()
@@ -192,7 +194,8 @@ def test_restart_with_a_smaller_budget_evicts_down_to_it(tmp_path: Path) -> None
     small = _tier(memory, tmp_path, 2)
     assert small.stats()["records"] == 2
     (arena,) = tmp_path.rglob("*.kv")
-    assert arena.stat().st_size == 2 * (HEADER_BYTES + 512)  # the file shrank to the budget
+    # the file shrank to the budget (and the last kept slot's commit stamp)
+    assert arena.stat().st_size == 2 * (HEADER_BYTES + 512) + STAMP_BYTES
     small.close()
 
 

@@ -18,6 +18,7 @@ from kvoffload.metrics import (  # noqa: E402
     unregister_tiering_metrics,
 )
 from kvoffload.tiers import BytearraySlotMemory  # noqa: E402
+from kvoffload.tiers.disk.records import STAMP_BYTES  # noqa: E402
 from kvoffload.tiers.disk.tier import DiskTier  # noqa: E402
 from kvoffload.tiers.manager import SecondaryTier, TieringManager  # noqa: E402
 
@@ -109,7 +110,7 @@ def test_a_disk_tiers_corrupt_records_are_counted(tmp_path: Path) -> None:
             path = Path(root) / name
             data = bytearray(path.read_bytes())
             if len(data) >= SLOT:
-                data[-1] ^= 0xFF
+                data[-1 - STAMP_BYTES] ^= 0xFF  # the payload's last byte, before the stamp
                 path.write_bytes(bytes(data))
     memory2 = BytearraySlotMemory(SLOT, 4)
     disk2 = DiskTier(memory2, tmp_path, 64 * (SLOT + 256), verify_on_scan=True)

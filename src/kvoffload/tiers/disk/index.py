@@ -18,7 +18,7 @@ from kvoffload.keys import OffloadKey
 from kvoffload.policies import BlockStatus, CachePolicy
 
 
-@dataclass
+@dataclass(slots=True)
 class IndexEntry:
     """One record: its arena slot, its size on disk and its pin state (``status.ref_cnt``)."""
 
@@ -60,15 +60,6 @@ class DiskIndex:
         return BlockStatus(self._next_id, ref_cnt)
 
     # -------------------------------------------------------------- slots
-
-    def _take_slot(self) -> tuple[int, bool] | None:
-        """A free slot and whether it is fresh (past every slot the file ever held)."""
-        if self._free:
-            return heapq.heappop(self._free), False
-        if self.high_water < self.max_slots:
-            self.high_water += 1
-            return self.high_water - 1, True
-        return None
 
     def release_slot(self, slot: int) -> None:
         """A slot whose record is gone (and, for deletes, whose header is zeroed) is free."""
@@ -124,10 +115,17 @@ class DiskIndex:
         ``None`` when no slot is free (the caller's :meth:`make_room` keeps that from happening
         under a byte budget of whole slots).
         """
-        taken = self._take_slot()
-        if taken is None:
+        # the lowest free slot, else a fresh one past every slot the file ever held (inline:
+        # this runs once per key stored)
+        if self._free:
+            slot, fresh = heapq.heappop(self._free), False
+        elif self.high_water < self.max_slots:
+            slot, fresh = self.high_water, True
+            self.high_water += 1
+        else:
             return None
-        entry = IndexEntry(taken[0], nbytes, self._status(-1), fresh=taken[1])
+        self._next_id += 1
+        entry = IndexEntry(slot, nbytes, BlockStatus(self._next_id, -1), 0, False, fresh)
         self._entries[key] = entry
         self.reserved_bytes += nbytes
         self.policy.insert(key, entry.status)

@@ -58,22 +58,39 @@ class FileLayer:
         return st.f_bavail * st.f_frsize
 
 
-def write_all(files: FileLayer, fd: int, buffers: Sequence[memoryview], offset: int = 0) -> int:
-    """Write every byte of ``buffers`` at ``offset``, resuming after short writes."""
-    total = sum(b.nbytes for b in buffers)
+def write_all(
+    files: FileLayer,
+    fd: int,
+    buffers: Sequence[memoryview],
+    offset: int = 0,
+    total: int | None = None,
+) -> int:
+    """Write every byte of ``buffers`` at ``offset``, resuming after short writes.
+
+    ``total`` (the buffers' byte count, when the caller knows it) saves recounting; the
+    common case is one call that writes everything, with no per-buffer work after it.
+    """
+    if total is None:
+        total = sum(b.nbytes for b in buffers)
+    n = files.pwritev(fd, buffers, offset)
+    if n == total:
+        return total
+    if n <= 0:
+        raise OSError(errno.EIO, "write made no progress")
     done = 0
     pending = [b.cast("B") if b.format != "B" else b for b in buffers]
-    while pending:
-        n = files.pwritev(fd, pending, offset + done)
-        if n <= 0:
-            raise OSError(errno.EIO, "write made no progress")
+    while True:
         done += n
         while pending and n >= pending[0].nbytes:
             n -= pending[0].nbytes
             pending.pop(0)
         if pending and n:
             pending[0] = pending[0][n:]
-    return total
+        if not pending:
+            return total
+        n = files.pwritev(fd, pending, offset + done)
+        if n <= 0:
+            raise OSError(errno.EIO, "write made no progress")
 
 
 def read_full(files: FileLayer, fd: int, buffers: Sequence[memoryview], offset: int = 0) -> int:

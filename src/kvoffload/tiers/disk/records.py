@@ -1,19 +1,30 @@
-"""The on-disk record: a self-describing header, padded to 4 KiB, then the raw slot bytes.
+"""The on-disk record: a header page, the raw slot bytes, then a commit stamp.
 
 Why a header at all (``reference/tiering.md`` §1.11, §7.3): vLLM's fs tier stores raw bytes
 and checks only a file's length, so a torn or garbled file of the right size is served. Every
 record here names its format, its namespace and its key, and carries a checksum of the payload
 that every read verifies; the header has its own CRC so a flipped header byte is caught before
-its fields are trusted. The header is padded to :data:`HEADER_BYTES` so the payload starts on a
+its fields are trusted. The header page is :data:`HEADER_BYTES` long so the payload starts on a
 page boundary (ready for ``O_DIRECT`` and for page-cache-friendly reads).
 
-Layout (little-endian)::
+Why a commit stamp (format 2): a record counts only once a :data:`STAMP_BYTES` stamp naming
+its header (the header's CRC and a per-write id) follows its payload. In file order a record is
+header, payload, stamp, so one sequential write of a run of adjacent records kills each old
+record (its header changes) before its payload changes and commits each new one after its
+payload is complete, with no second write per header (format 1 needed one). The stamp of the
+record in arena slot ``k`` is the first :data:`STAMP_BYTES` of slot ``k + 1``'s header page
+(the header itself starts after them), or the arena's tail for the last slot.
 
+Header page layout (little-endian)::
+
+    [0, STAMP_BYTES): the previous slot's stamp
     magic 8s | version u16 | header_bytes u16 | checksum_kind u8 | flags u8 | key_len u16
-    | payload_len u64 | payload_checksum u64 | written_ns u64 | namespace 32s | header_crc u32
-    | key | zero pad
+    | payload_len u64 | payload_checksum u64 | written_ns u64 | namespace 32s | write_id u64
+    | header_crc u32 | key | zero pad
 
-An all-zero header (no magic) is an empty slot of the arena file.
+Stamp layout: ``stamp_magic 8s | version u16 | reserved u16 | header_crc u32 | write_id u64
+| stamp_crc u32 | zero pad``. A header page with no magic is an empty slot of the arena file.
+Format 1 headers (magic at the page's first byte, no stamp) are refused with their version.
 """
 
 from __future__ import annotations
@@ -32,13 +43,18 @@ except ImportError:  # pragma: no cover - depends on the environment
     _xxhash = None
 
 MAGIC = b"KVOFFBLK"
-FORMAT_VERSION = 1
+STAMP_MAGIC = b"KVOFFCMT"
+FORMAT_VERSION = 2
 HEADER_BYTES = 4096
+STAMP_BYTES = 64
 NAMESPACE_BYTES = 32
 
-_FIXED = struct.Struct("<8sHHBBHQQQ32s")
+_FIXED = struct.Struct("<8sHHBBHQQQ32sQ")
 _CRC = struct.Struct("<I")
-_KEY_OFFSET = _FIXED.size + _CRC.size
+_STAMP = struct.Struct("<8sHHIQ")
+_V1 = struct.Struct("<8sH")  # format 1: magic and version at the page's first byte
+_FIELDS = STAMP_BYTES  # the header's fields start after the previous slot's stamp
+_KEY_OFFSET = _FIELDS + _FIXED.size + _CRC.size
 MAX_KEY_BYTES = HEADER_BYTES - _KEY_OFFSET
 
 
@@ -93,12 +109,15 @@ class RecordHeader:
     checksum_kind: ChecksumKind
     payload_checksum: int
     written_ns: int = 0
+    write_id: int = 0
+    header_crc: int = 0
     header_bytes: int = HEADER_BYTES
     version: int = FORMAT_VERSION
 
     @property
     def record_bytes(self) -> int:
-        """The file's full size: header plus payload."""
+        """The bytes of the record's own slot: header page plus payload (the stamp lies in the
+        next slot's header page)."""
         return self.header_bytes + self.payload_len
 
 
@@ -109,37 +128,92 @@ def encode_header(
     checksum_kind: ChecksumKind,
     payload_checksum: int,
     written_ns: int = 0,
+    write_id: int = 0,
 ) -> bytes:
-    """The :data:`HEADER_BYTES` header of a record (padded with zeros)."""
+    """The :data:`HEADER_BYTES` header page of a record (stamp area and padding zero)."""
+    buf = bytearray(HEADER_BYTES)
+    encode_header_into(
+        buf, 0, key, namespace, payload_len, checksum_kind, payload_checksum, written_ns, write_id
+    )
+    return bytes(buf)
+
+
+def encode_header_into(
+    buf: bytearray,
+    offset: int,
+    key: bytes,
+    namespace: bytes,
+    payload_len: int,
+    checksum_kind: ChecksumKind,
+    payload_checksum: int,
+    written_ns: int = 0,
+    write_id: int = 0,
+) -> int:
+    """Write a header page's fields into ``buf[offset:]`` (zeros there); returns its CRC.
+
+    Why in place: a store of a run of records packs all their header pages (and stamps) into
+    one buffer with no per-record ``bytes`` allocation. The page's first :data:`STAMP_BYTES`
+    (the previous slot's stamp) are not touched.
+    """
     if len(namespace) != NAMESPACE_BYTES:
         raise ValueError(f"namespace must be {NAMESPACE_BYTES} bytes, got {len(namespace)}")
     if not 0 < len(key) <= MAX_KEY_BYTES:
         raise ValueError(f"key must be 1..{MAX_KEY_BYTES} bytes, got {len(key)}")
+    if offset < 0 or offset + HEADER_BYTES > len(buf):
+        raise ValueError(f"no room for a header page at offset {offset} of {len(buf)} bytes")
     fixed = _FIXED.pack(
         MAGIC,
         FORMAT_VERSION,
         HEADER_BYTES,
-        int(checksum_kind),
+        checksum_kind,
         0,
         len(key),
         payload_len,
         payload_checksum,
         written_ns,
         namespace,
+        write_id,
     )
     crc = zlib.crc32(key, zlib.crc32(fixed))
-    head = fixed + _CRC.pack(crc) + key
-    return head + bytes(HEADER_BYTES - len(head))
+    start = offset + _FIELDS  # fields, their CRC and the key in one slice assignment
+    buf[start : _KEY_OFFSET + offset + len(key)] = fixed + _CRC.pack(crc) + key
+    return crc
+
+
+def encode_stamp_into(buf: bytearray, offset: int, header_crc: int, write_id: int) -> None:
+    """Write the commit stamp of the record whose header has ``header_crc`` and ``write_id``."""
+    _STAMP.pack_into(buf, offset, STAMP_MAGIC, FORMAT_VERSION, 0, header_crc, write_id)
+    end = offset + _STAMP.size
+    _CRC.pack_into(buf, end, zlib.crc32(memoryview(buf)[offset:end]))
+
+
+def stamp_commits(stamp: bytes | bytearray | memoryview, header: RecordHeader) -> bool:
+    """True when ``stamp`` is an intact commit stamp of exactly ``header``'s write."""
+    view = memoryview(stamp)
+    if len(view) < _STAMP.size + _CRC.size:
+        return False
+    magic, version, _reserved, header_crc, write_id = _STAMP.unpack_from(view)
+    (crc,) = _CRC.unpack_from(view, _STAMP.size)
+    return bool(
+        magic == STAMP_MAGIC
+        and version == FORMAT_VERSION
+        and crc == zlib.crc32(view[: _STAMP.size])
+        and header_crc == header.header_crc
+        and write_id == header.write_id
+    )
 
 
 def is_empty(buf: bytes | bytearray | memoryview) -> bool:
-    """True for a slot that holds no record (its magic bytes are zero)."""
-    return bytes(memoryview(buf)[: len(MAGIC)]) == bytes(len(MAGIC))
+    """True for a header page that holds no record (its magic bytes are zero)."""
+    return bytes(memoryview(buf)[_FIELDS : _FIELDS + len(MAGIC)]) == bytes(len(MAGIC))
 
 
 def decode_header(buf: bytes | bytearray | memoryview) -> RecordHeader:
-    """Parse and check a header; :class:`RecordError` says what is wrong with it."""
+    """Parse and check a header page; :class:`RecordError` says what is wrong with it."""
     view = memoryview(buf)
+    if len(view) >= _V1.size and view[: len(MAGIC)] == MAGIC:
+        (_magic, version) = _V1.unpack_from(view)
+        raise RecordError(f"format version {version}, this build reads {FORMAT_VERSION}")
     if len(view) < _KEY_OFFSET:
         raise RecordError(f"header truncated: {len(view)} bytes")
     (
@@ -153,7 +227,8 @@ def decode_header(buf: bytes | bytearray | memoryview) -> RecordHeader:
         checksum,
         written_ns,
         namespace,
-    ) = _FIXED.unpack_from(view)
+        write_id,
+    ) = _FIXED.unpack_from(view, _FIELDS)
     if magic != MAGIC:
         raise RecordError("bad magic: not a kvoffload record")
     if version != FORMAT_VERSION:
@@ -163,8 +238,8 @@ def decode_header(buf: bytes | bytearray | memoryview) -> RecordHeader:
     if len(view) < _KEY_OFFSET + key_len:
         raise RecordError("header truncated before the key")
     key = bytes(view[_KEY_OFFSET : _KEY_OFFSET + key_len])
-    (crc,) = _CRC.unpack_from(view, _FIXED.size)
-    if zlib.crc32(key, zlib.crc32(view[: _FIXED.size])) != crc:
+    (crc,) = _CRC.unpack_from(view, _FIELDS + _FIXED.size)
+    if zlib.crc32(key, zlib.crc32(view[_FIELDS : _FIELDS + _FIXED.size])) != crc:
         raise RecordError("header checksum mismatch")
     try:
         checksum_kind = ChecksumKind(kind)
@@ -177,6 +252,8 @@ def decode_header(buf: bytes | bytearray | memoryview) -> RecordHeader:
         checksum_kind=checksum_kind,
         payload_checksum=checksum,
         written_ns=written_ns,
+        write_id=write_id,
+        header_crc=crc,
     )
 
 
@@ -186,13 +263,18 @@ __all__ = [
     "MAGIC",
     "MAX_KEY_BYTES",
     "NAMESPACE_BYTES",
+    "STAMP_BYTES",
+    "STAMP_MAGIC",
     "ChecksumKind",
     "RecordError",
     "RecordHeader",
     "checksum_function",
     "decode_header",
     "encode_header",
+    "encode_header_into",
+    "encode_stamp_into",
     "is_empty",
     "resolve_checksum",
+    "stamp_commits",
     "xxhash_available",
 ]

@@ -9,17 +9,24 @@ every read (a bad record is a counted miss, never data), and per-key I/O tasks o
 so one large batch uses every thread (vLLM runs a job serially on one thread).
 
 Layout: one arena file per namespace and block size, ``<path>/<namespace hex>/arena-<slot
-bytes>.kv``, cut into slots of ``4 KiB header + slot_bytes``. Every record of a tier is one
-host slot, so all records are the same size: a freed slot is reused in place and nothing ever
-needs compaction (why this is not an append-only log), and no file is created per record (a
-file per record was built and measured first: creating an inode cost 3-5 ms on this project's
-build machine, see ``benchmarks/disk_tier_bandwidth.py``).
+bytes>.v2.kv`` (the record format's version is in the name; a format 1 arena, ``arena-<slot
+bytes>.kv``, is refused: never read nor touched, its size reported as ``legacy_arena_bytes``),
+cut into slots of ``4 KiB header page + slot_bytes``, then the last slot's 64-byte commit
+stamp. Every record of a tier is one host slot, so all records are the same size: a freed
+slot is reused in place and nothing ever needs compaction (why this is not an append-only
+log), and no file is created per record (a file per record was built and measured first:
+creating an inode cost 3-5 ms on this project's build machine).
 
-A write into a slot is ordered so that the header commits the record, the guarantee a
-temporary name plus rename gives a file: (1) zero the slot's old header, (2) write the payload,
-(3) write the new header. A process killed at any point leaves a slot that is empty, holds the
-old record whole (killed before 1), or holds the new one whole; a torn payload under a valid
-header cannot arise, and the checksums catch it anyway.
+A write is ordered so that a commit stamp after the payload commits the record, the guarantee
+a temporary name plus rename gives a file (``records`` has the layout): in file order a record
+is header, payload, stamp, and the stamp names its header's write, so one sequential write of
+a run of adjacent records (1) replaces each slot's header, which kills the old record, (2)
+writes its payload, (3) writes its stamp. A process killed at any point leaves a slot that is
+empty, holds the old record whole (killed before 1), or holds the new one whole; a torn payload
+under a committed header cannot arise, and the checksums catch it anyway. Format 1 needed one
+more write per record (old header zeroed with the payload, then each header on its own); on
+this project's build machine (ext4) a 4 KiB write cost 7-17 us, a third to a half of a whole
+64 KiB write, and each is also a GIL hand-off for the I/O thread.
 """
 
 from __future__ import annotations
@@ -52,22 +59,27 @@ from kvoffload.tiers.base import (
 from kvoffload.tiers.disk.index import DiskIndex, IndexEntry
 from kvoffload.tiers.disk.io import FileLayer, read_full, write_all
 from kvoffload.tiers.disk.records import (
+    FORMAT_VERSION,
     HEADER_BYTES,
     MAX_KEY_BYTES,
     NAMESPACE_BYTES,
+    STAMP_BYTES,
     RecordError,
+    RecordHeader,
     checksum_function,
     decode_header,
-    encode_header,
+    encode_header_into,
+    encode_stamp_into,
     is_empty,
     resolve_checksum,
+    stamp_commits,
 )
 
 DURABILITIES = ("none", "rename", "fsync")
 _FREE_SPACE_REFRESH_S = 0.25
-_ZERO_HEADER = bytes(HEADER_BYTES)
-_ZERO_VIEW = memoryview(_ZERO_HEADER)
+_ZERO_FIELDS = memoryview(bytes(HEADER_BYTES - STAMP_BYTES))  # a header page after its stamp
 _MAX_RUN = 256  # records per vectored call (two buffers each, under IOV_MAX = 1024)
+_MIN_PUT_TASK_BYTES = 4 << 20  # a put job is not split into tasks smaller than this
 
 
 def _check_int(name: str, value: object, minimum: int) -> int:
@@ -104,14 +116,21 @@ class _Job:
     written: list[int] = field(default_factory=list)  # indices of keys written, to publish
 
 
-@dataclass(frozen=True)
 class _Item:
-    """One key of a job: its index in the job, host slot and index entry (arena slot)."""
+    """One key of a job: its index in the job, host slot, index entry and arena slot.
 
-    index: int
-    key: OffloadKey
-    slot: int
-    entry: IndexEntry
+    A plain ``__slots__`` class, not a frozen dataclass: one is built per key of every job,
+    and a frozen dataclass's ``__init__`` costs several times more.
+    """
+
+    __slots__ = ("arena", "entry", "index", "key", "slot")
+
+    def __init__(self, index: int, key: OffloadKey, slot: int, entry: IndexEntry) -> None:
+        self.index = index
+        self.key = key
+        self.slot = slot
+        self.entry = entry
+        self.arena = entry.slot
 
 
 class DiskTier(Tier):
@@ -120,18 +139,21 @@ class DiskTier(Tier):
     Args:
         memory: the host slots puts read from and gets write into.
         path: the tier's root directory (created if missing); each namespace gets a subfolder.
-        capacity_bytes: the byte budget for records (4 KiB header plus payload each), at
-            least one record; the arena file never grows past it.
+        capacity_bytes: the byte budget for records (4 KiB header page plus payload each), at
+            least one record; the arena file never grows past it by more than the last
+            slot's 64-byte commit stamp.
         namespace: a ``namespace_fingerprint`` (model, dtype, layout, ...) or any bytes/str;
             records of other namespaces are neither seen nor touched.
         policy: eviction policy name in the registry (or with ``policy_module_path``).
         policy_params: the policy's keyword tunables.
-        durability: ``"none"`` (header and payload in one write: fastest; a killed process can
-            leave a torn record, which the checksum turns into a counted miss),
-            ``"rename"`` (the default: old header zeroed, payload, then header, so a killed
+        durability: ``"none"`` (no promise after a kill: a torn record, should one be left,
+            is a counted miss through its checksum; it writes as ``rename`` does today, one
+            write per run of records), ``"rename"`` (the default: header, payload, then
+            commit stamp in one sequential write per run of adjacent records, so a killed
             process never leaves a torn record; the name is the config value users of
-            tmp-and-rename file tiers know, with the same guarantee) or ``"fsync"`` (the same
-            with ``fdatasync`` barriers between the steps: survives power loss).
+            tmp-and-rename file tiers know, with the same guarantee) or ``"fsync"`` (the steps
+            apart with ``fdatasync`` barriers: old headers of reused slots zeroed, headers and
+            payloads, then the stamps; survives power loss).
         min_free_bytes: keep at least this many bytes free on the filesystem (the budget
             shrinks when other writers fill the disk).
         io_threads: I/O threads; each key of a job is its own task.
@@ -184,13 +206,20 @@ class DiskTier(Tier):
         self.root = os.fspath(path)
         self.directory = os.path.join(self.root, self.namespace.hex()[:32])
         # the slot size is part of the name: a tier of another block size is another arena
-        self.arena_path = os.path.join(self.directory, f"arena-{memory.slot_bytes}.kv")
+        self.arena_path = os.path.join(
+            self.directory, f"arena-{memory.slot_bytes}.v{FORMAT_VERSION}.kv"
+        )
+        # format 1 arenas (no version in the name) are refused: neither read nor touched
+        self.legacy_arena_path = os.path.join(self.directory, f"arena-{memory.slot_bytes}.kv")
         max_slots = self.capacity_bytes // self.record_bytes
         policy_obj = create_cache_policy(
             policy, max_slots, module_path=policy_module_path, params=dict(policy_params or {})
         )
         self._index = DiskIndex(policy_obj, max_slots)
         self._lock = threading.Lock()
+        # one store write in the kernel at a time: buffered writes to one file serialise on its
+        # inode lock anyway, where waiters spin on a CPU the other threads' checksums could use
+        self._write_lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
         self._job_ids = itertools.count(1)
         self._jobs: dict[int, _Job] = {}
@@ -218,14 +247,20 @@ class DiskTier(Tier):
                 "scanned_records",
                 "scan_seconds",
                 "erase_errors",
+                "legacy_arena_bytes",
             ),
             0.0,
         )
+        # every record write gets its own id, named by its header and its commit stamp, so
+        # an old stamp can never commit a new header (random start: ids differ across runs)
+        self._write_ids = itertools.count(int.from_bytes(os.urandom(8), "little") >> 2)
         self._drops: dict[str, int] = {}
         self._get_failures: dict[str, int] = {}
         self._health = TierHealth(ok=True)
         self.files.makedirs(self.directory)
         created = not os.path.exists(self.arena_path)
+        with contextlib.suppress(OSError):
+            self._stats["legacy_arena_bytes"] = float(os.path.getsize(self.legacy_arena_path))
         self._fd = self.files.open_arena(self.arena_path)
         if created and durability == "fsync":
             self.files.fsync_dir(self.directory)
@@ -272,33 +307,42 @@ class DiskTier(Tier):
                 return self._maybe_finish(job)
             limit = self._effective_limit()
             batch = set(keys_t)
-            seen: set[OffloadKey] = set()
+            # a set of keys seen so far is only needed when the batch repeats one
+            seen: set[OffloadKey] | None = set() if len(batch) != len(keys_t) else None
+            index, record_bytes = self._index, self.record_bytes
             tasks: list[_Item] = []
+            evictions = 0
             for i, (key, slot) in enumerate(zip(keys_t, slots_t, strict=True)):
-                reason = self._bad_key(key)
-                if reason is None and key in seen:
-                    reason = "duplicate"
-                if reason is not None:
-                    self._drop(job, i, reason)
+                if not isinstance(key, bytes) or not 0 < len(key) <= MAX_KEY_BYTES:
+                    self._drop(job, i, "bad_key")
                     continue
-                seen.add(key)
-                existing = self._index.get(key)
+                if seen is not None:
+                    if key in seen:
+                        self._drop(job, i, "duplicate")
+                        continue
+                    seen.add(key)
+                existing = index.get(key)
                 if existing is not None:
                     if existing.status.ref_cnt >= 0 and not existing.doomed:
                         job.ok[i] = True  # records are immutable: already stored
                     else:
                         self._drop(job, i, "in_flight")
                     continue
-                victims = self._index.make_room(self.record_bytes, limit, batch)
-                entry = None if victims is None else self._index.begin_write(key, self.record_bytes)
-                if victims is None or entry is None:
+                if index.used_bytes + index.reserved_bytes + record_bytes <= limit:
+                    entry = index.begin_write(key, record_bytes)  # fits: nothing to evict
+                else:
+                    victims = index.make_room(record_bytes, limit, batch)
+                    entry = None if victims is None else index.begin_write(key, record_bytes)
+                    if victims:
+                        job.evicted.extend(victim_key for victim_key, _ in victims)
+                        evictions += len(victims)
+                if entry is None:
                     self._drop(job, i, "no_space")
                     continue
-                job.evicted.extend(victim_key for victim_key, _ in victims)
-                self._stats["evictions"] += len(victims)
                 tasks.append(_Item(i, key, slot, entry))
+            self._stats["evictions"] += evictions
             job.remaining = len(tasks)
-            for chunk in self._chunks(tasks):
+            for chunk in self._chunks(tasks, _MIN_PUT_TASK_BYTES):
                 self._pool.submit(self._run_put, job, chunk)
             return self._maybe_finish(job)
 
@@ -324,7 +368,7 @@ class DiskTier(Tier):
             if hit_keys:
                 self._index.policy.touch(reversed(hit_keys))
             job.remaining = len(tasks)
-            for chunk in self._chunks(tasks):
+            for chunk in self._chunks(tasks, 0):
                 self._pool.submit(self._run_get, job, chunk)
             return self._maybe_finish(job)
 
@@ -429,12 +473,6 @@ class DiskTier(Tier):
                 raise ValueError(f"slot must be in [0, {n}), got {slot}")
         return keys_t, slots_t
 
-    @staticmethod
-    def _bad_key(key: object) -> str | None:
-        if not isinstance(key, bytes) or not 0 < len(key) <= MAX_KEY_BYTES:
-            return "bad_key"
-        return None
-
     def _new_job(self, kind: JobKind, keys: tuple[OffloadKey, ...], generation: int) -> _Job:
         job = _Job(
             job_id=next(self._job_ids),
@@ -513,23 +551,30 @@ class DiskTier(Tier):
 
     # ----------------------------------------------------------------- I/O tasks (threads)
 
-    def _chunks(self, items: list[_Item]) -> list[list[_Item]]:
+    def _chunks(self, items: list[_Item], min_bytes: int) -> list[list[_Item]]:
         """A job's keys as tasks: runs of adjacent arena slots, split across the threads.
 
-        Adjacent slots go to the file in one vectored call; a job is cut into at most about
-        ``io_threads`` tasks so one large batch still uses every thread.
+        Adjacent slots go to the file in one vectored call. A job is cut into at most about
+        ``io_threads`` tasks so one large batch still uses every thread, but no task is cut
+        below ``min_bytes``. Puts use :data:`_MIN_PUT_TASK_BYTES`: each task costs a thread
+        hand-off, a lock round and its own write call, which small blocks cannot amortise,
+        and writes into one file serialise in the kernel anyway; reads of the page cache do
+        run in parallel, so gets keep the finer split.
         """
         if not items:
             return []
-        items = sorted(items, key=lambda it: it.entry.slot)
-        per_task = min(_MAX_RUN, max(1, -(-len(items) // self._threads)))
+        if any(a.arena >= b.arena for a, b in itertools.pairwise(items)):
+            items = sorted(items, key=lambda it: it.arena)
+        per_task = max(-(-len(items) // self._threads), -(-min_bytes // self.record_bytes))
+        per_task = min(_MAX_RUN, per_task)
         chunks: list[list[_Item]] = [[items[0]]]
+        last = chunks[0]
         for item in items[1:]:
-            last = chunks[-1]
-            if item.entry.slot == last[-1].entry.slot + 1 and len(last) < per_task:
+            if item.arena == last[-1].arena + 1 and len(last) < per_task:
                 last.append(item)
             else:
-                chunks.append([item])
+                last = [item]
+                chunks.append(last)
         return chunks
 
     def _run_put(self, job: _Job, items: list[_Item]) -> None:
@@ -546,60 +591,91 @@ class DiskTier(Tier):
                 reason = "io_error"  # a fault must be a failed key, never escape
         seconds = time.perf_counter() - t0
         with self._lock:
-            for item in items:
-                self._index.end_write(item.key, reason is None, written_ns)
-                if reason is None:
-                    job.ok[item.index] = True
-                    job.written.append(item.index)
-                    job.nbytes += self.memory.slot_bytes
-                else:
-                    self._drop(job, item.index, reason)
+            end_write = self._index.end_write
             if reason is None:
+                ok = job.ok
+                for item in items:
+                    end_write(item.key, True, written_ns)
+                    ok[item.index] = True
+                job.written.extend(item.index for item in items)
+                nbytes = len(items) * self.memory.slot_bytes
+                job.nbytes += nbytes
                 self._stats["stored"] += len(items)
-                self._stats["bytes_written"] += len(items) * self.memory.slot_bytes
+                self._stats["bytes_written"] += nbytes
+            else:
+                for item in items:
+                    end_write(item.key, False)
+                    self._drop(job, item.index, reason)
             self._stats["write_seconds"] += seconds
             job.remaining -= len(items)
             self._maybe_finish(job)
 
     def _write_run(self, items: list[_Item]) -> int:
-        """Write records into adjacent arena slots, headers last; returns their timestamp.
+        """Write records into adjacent arena slots, each stamp after its payload.
 
-        Under ``rename`` and ``fsync`` one vectored write lays down zeroed headers and the
-        payloads in file order (so each old header dies before its payload changes), then the
-        real headers follow one by one: a record exists only once its header is written.
+        Under ``none`` and ``rename`` one vectored write lays down, in file order, each
+        record's header page (which kills the slot's old record: its stamp no longer matches),
+        its payload, then its stamp (which commits it): a killed process leaves every slot
+        empty, holding its old record or holding its new one whole. Under ``fsync`` the steps
+        are apart, with a barrier after each: old headers of reused slots zeroed, then headers
+        and payloads with zero stamps, then the stamps. The stamp of the run's last record
+        falls in the next slot's header page, before that slot's header, so the one write
+        never touches a record outside the run.
         """
         written_ns = time.time_ns()
-        views = [self.memory.slot_view(item.slot) for item in items]
-        headers = [
-            memoryview(
-                encode_header(
-                    item.key,
-                    self.namespace,
-                    view.nbytes,
-                    self._checksum_kind,
-                    self._checksum_fn(view),
-                    written_ns,
-                )
+        slot_view, checksum, ids = self.memory.slot_view, self._checksum_fn, self._write_ids
+        namespace, kind = self.namespace, self._checksum_kind
+        n = len(items)
+        # header pages of the run, back to back, then the last record's stamp
+        pages = bytearray(HEADER_BYTES * n + STAMP_BYTES)
+        stamps: list[tuple[int, int]] = []
+        views = []
+        offset = 0
+        for item in items:
+            view = slot_view(item.slot)
+            views.append(view)
+            write_id = next(ids)
+            crc = encode_header_into(
+                pages,
+                offset,
+                item.key,
+                namespace,
+                view.nbytes,
+                kind,
+                checksum(view),
+                written_ns,
+                write_id,
             )
-            for item, view in zip(items, views, strict=True)
-        ]
-        files, fd = self.files, self._fd
-        first = items[0].entry.slot * self.record_bytes
-        body: list[memoryview] = []
-        if self.durability == "none":
-            for header, view in zip(headers, views, strict=True):
-                body += (header, view)
-            write_all(files, fd, body, first)
+            stamps.append((crc, write_id))
+            offset += HEADER_BYTES
+        pv = memoryview(pages)
+        # the first page's stamp area is the previous slot's record's: start after it
+        body: list[memoryview] = [pv[STAMP_BYTES:HEADER_BYTES], views[0]]
+        for k in range(1, n):
+            body += (pv[k * HEADER_BYTES : (k + 1) * HEADER_BYTES], views[k])
+        body.append(pv[n * HEADER_BYTES :])
+        files, fd, record_bytes = self.files, self._fd, self.record_bytes
+        first = items[0].arena * record_bytes + STAMP_BYTES
+        total = n * record_bytes
+        if self.durability != "fsync":
+            for k, (crc, write_id) in enumerate(stamps, 1):
+                encode_stamp_into(pages, k * HEADER_BYTES, crc, write_id)
+            with self._write_lock:
+                write_all(files, fd, body, first, total)
             return written_ns
-        for view in views:
-            body += (_ZERO_VIEW, view)
-        write_all(files, fd, body, first)
-        if self.durability == "fsync":
+        reused = [item.arena for item in items if not item.entry.fresh]
+        for arena_slot in reused:  # power loss must not find an old header over new bytes
+            write_all(files, fd, (_ZERO_FIELDS,), arena_slot * record_bytes + STAMP_BYTES)
+        if reused:
             files.fdatasync(fd)
-        for item, header in zip(items, headers, strict=True):
-            write_all(files, fd, [header], item.entry.slot * self.record_bytes)
-        if self.durability == "fsync":
-            files.fdatasync(fd)
+        write_all(files, fd, body, first, total)
+        files.fdatasync(fd)
+        for k, (crc, write_id) in enumerate(stamps, 1):
+            at = k * HEADER_BYTES
+            encode_stamp_into(pages, at, crc, write_id)
+            stamp = pv[at : at + STAMP_BYTES]
+            write_all(files, fd, (stamp,), (items[k - 1].arena + 1) * record_bytes, STAMP_BYTES)
+        files.fdatasync(fd)
         return written_ns
 
     def _run_get(self, job: _Job, items: list[_Item]) -> None:
@@ -638,7 +714,7 @@ class DiskTier(Tier):
         body: list[memoryview] = []
         for k, view in enumerate(views):
             body += (header_bufs[k * HEADER_BYTES : (k + 1) * HEADER_BYTES], view)
-        n = read_full(self.files, self._fd, body, items[0].entry.slot * self.record_bytes)
+        n = read_full(self.files, self._fd, body, items[0].arena * self.record_bytes)
         out: list[str | None] = []
         for k, (item, view) in enumerate(zip(items, views, strict=True)):
             if n < (k + 1) * self.record_bytes:
@@ -666,12 +742,14 @@ class DiskTier(Tier):
         return None
 
     def _run_erase(self, job: _Job, arena_slot: int) -> None:
-        """Zero a deleted or corrupt record's header, then free its slot."""
+        """Zero a deleted or corrupt record's header, then free its slot.
+
+        Only the header's fields: the page's first bytes are the previous slot's stamp.
+        """
         failed = False
         try:
-            write_all(
-                self.files, self._fd, [memoryview(_ZERO_HEADER)], arena_slot * self.record_bytes
-            )
+            offset = arena_slot * self.record_bytes + STAMP_BYTES
+            write_all(self.files, self._fd, (_ZERO_FIELDS,), offset)
             if self.durability == "fsync":
                 self.files.fdatasync(self._fd)
         except Exception:
@@ -689,46 +767,62 @@ class DiskTier(Tier):
     def _recover(self) -> None:
         """Rebuild the index from the arena's headers, oldest record first (seeds the policy).
 
-        Torn or foreign headers are zeroed and counted; slots past the budget (it shrank) are
-        cut off the file; records over the effective limit are evicted by the policy.
+        A record counts only with its commit stamp (the next header page's first bytes, or the
+        file's tail). Torn, uncommitted or foreign headers are zeroed and counted; slots past
+        the budget (it shrank) are cut off the file; records over the effective limit are
+        evicted by the policy.
         """
         t0 = time.perf_counter()
-        files, fd = self.files, self._fd
+        files, fd, record_bytes = self.files, self._fd, self.record_bytes
         try:
             size = files.size(fd)
         except OSError:
             size = 0
-        whole = size // self.record_bytes
+        whole = size // record_bytes
         max_slots = self._index.max_slots
         slots = min(whole, max_slots)
-        if size % self.record_bytes:
+        if size % record_bytes not in (0, STAMP_BYTES):
             self._stats["torn_records"] += 1  # a trailing partial slot: a write cut short
         found: list[tuple[int, OffloadKey, int]] = []
         free: list[int] = []
-        header_buf = self._header_buffer()
-        for arena_slot in range(slots):
-            offset = arena_slot * self.record_bytes
+        page = self._header_buffer()
+        pending: tuple[int, RecordHeader] | None = None  # a header waiting for its stamp
+        for arena_slot in range(slots + 1):
+            offset = arena_slot * record_bytes
+            want = page if arena_slot < slots else page[:STAMP_BYTES]  # the tail: a stamp
             try:
-                n = read_full(files, fd, [header_buf], offset)
+                n = read_full(files, fd, [want], offset)
             except OSError:
                 n = -1
-            if n == HEADER_BYTES and is_empty(header_buf):
+            if pending is not None:
+                last, header = pending
+                pending = None
+                if n >= STAMP_BYTES and stamp_commits(page[:STAMP_BYTES], header):
+                    found.append((header.written_ns, OffloadKey(header.key), last))
+                else:  # header written, payload maybe not: never committed
+                    self._stats["torn_records"] += 1
+                    self._zero_quietly(last)
+                    free.append(last)
+            if arena_slot == slots:
+                break
+            if n == HEADER_BYTES and is_empty(page):
                 free.append(arena_slot)
                 continue
-            key_and_time = self._check_slot(header_buf, n, offset, size)
-            if key_and_time is None:
+            checked = self._check_slot(page, n, offset, size)
+            if checked is None:
                 self._stats["torn_records"] += 1
-                self._zero_quietly(offset)
+                self._zero_quietly(arena_slot)
                 free.append(arena_slot)
                 continue
-            key, written_ns = key_and_time
-            found.append((written_ns, key, arena_slot))
-        if size != slots * self.record_bytes:
-            # cut a partial slot, or the slots past a budget that shrank, off the file
+            pending = (arena_slot, checked)
+        # the file holds its slots and the last one's stamp; cut a partial slot, or the
+        # slots past a budget that shrank, off the file
+        target = slots * record_bytes + STAMP_BYTES if slots else 0
+        if size != target:
             if whole > max_slots:
                 self._stats["evictions"] += whole - max_slots
             with contextlib.suppress(OSError):
-                files.truncate(fd, slots * self.record_bytes)
+                files.truncate(fd, target)
         found.sort()
         seen: set[OffloadKey] = set()
         with self._lock:
@@ -736,7 +830,7 @@ class DiskTier(Tier):
                 if key in seen:  # a duplicate from a crash between two writes: keep the newest
                     old = self._index.remove_ready(key)
                     if old is not None:
-                        self._zero_quietly(old.slot * self.record_bytes)
+                        self._zero_quietly(old.slot)
                         free.append(old.slot)
                 seen.add(key)
                 self._index.add_ready(key, arena_slot, self.record_bytes, written_ns)
@@ -748,8 +842,8 @@ class DiskTier(Tier):
 
     def _check_slot(
         self, header_buf: memoryview, n: int, offset: int, size: int
-    ) -> tuple[OffloadKey, int] | None:
-        """The record's key and time if its header (and payload, if asked) are right."""
+    ) -> RecordHeader | None:
+        """The record's header if it (and its payload, if asked) is right; stamp not checked."""
         if n != HEADER_BYTES or offset + self.record_bytes > size:
             return None
         try:
@@ -771,11 +865,13 @@ class DiskTier(Tier):
                 or fn(memoryview(payload)) != header.payload_checksum
             ):
                 return None
-        return OffloadKey(header.key), header.written_ns
+        return header
 
-    def _zero_quietly(self, offset: int) -> None:
+    def _zero_quietly(self, arena_slot: int) -> None:
+        """Zero a slot's header fields (not the page's first bytes: the previous stamp)."""
+        offset = arena_slot * self.record_bytes + STAMP_BYTES
         with contextlib.suppress(OSError):
-            write_all(self.files, self._fd, [memoryview(_ZERO_HEADER)], offset)
+            write_all(self.files, self._fd, (_ZERO_FIELDS,), offset)
 
 
 __all__ = ["DURABILITIES", "DiskTier", "namespace_digest"]
