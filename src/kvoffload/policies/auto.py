@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections import deque
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -41,7 +42,7 @@ from kvoffload.keys import OffloadKey
 from kvoffload.policies.base import BlockStatus, CachePolicy, Victims, already_stored
 from kvoffload.policies.factory import create_cache_policy
 from kvoffload.policies.shadow import CandidateSpec, ShadowEvaluator, split_candidate
-from kvoffload.policies.switching import switch_resident_set
+from kvoffload.policies.switching import HistoryEntry, switch_resident_set, warm_from_history
 
 logger = logging.getLogger(__name__)
 
@@ -107,6 +108,7 @@ class AutoCachePolicy(CachePolicy):
         min_dwell: int = 4,
         warmup_windows: int = 2,
         z: float = 2.0,
+        history: float = 8.0,
     ) -> None:
         super().__init__(cache_capacity)
         specs = _parse_candidates(candidates)
@@ -116,6 +118,12 @@ class AutoCachePolicy(CachePolicy):
         self.min_dwell = check_int("min_dwell", min_dwell, 0, 2**31)
         self.warmup_windows = check_int("warmup_windows", warmup_windows, 0, 2**31)
         self.z = check_number("z", z, 0.0, 100.0)
+        self.history = check_number("history", history, 0.0, 1e6)
+        # The recent real accesses (about ``history`` times the capacity): a switch replays
+        # them into the new candidate, so it starts with what it would have learned.
+        self._history_limit = int(self.history * cache_capacity)
+        self._log: deque[HistoryEntry] = deque()
+        self._logged = 0
         self._specs = [split_candidate(spec) for spec in specs]
         self._shadows = ShadowEvaluator(
             cache_capacity, specs, sample_rate, min_shadow_blocks, window, decay
@@ -195,8 +203,14 @@ class AutoCachePolicy(CachePolicy):
     def _switch_to(self, index: int, evidence: tuple[tuple[str, float], ...]) -> None:
         old_index, old = self._active_index, self._active
         new = self._build(index)
+        warmed = False
+        if self._log:
+            warm_from_history(new, self._log, self._blocks)
+            warmed = True
         ctx = ReqContext(req_id="auto-switch", timestamp=self._last_timestamp)
-        report = switch_resident_set(old, new, resident_keys=self._blocks, req_context=ctx)
+        report = switch_resident_set(
+            old, new, resident_keys=self._blocks, req_context=ctx, warmed=warmed
+        )
         self._active, self._active_index = new, index
         if index in self._left:  # coming back to a candidate left before: wait longer next time
             self._dwell = max(1, self._dwell) * 2
@@ -245,14 +259,26 @@ class AutoCachePolicy(CachePolicy):
             self._active.remove(key)
 
     def touch(self, keys: Iterable[OffloadKey], req_context: ReqContext | None = None) -> None:
-        keys = keys if isinstance(keys, (list, tuple)) else list(keys)
+        keys = tuple(keys)
         self._active.touch(keys, req_context)
         if req_context is not None:
             self._last_timestamp = req_context.timestamp
+        if self._history_limit:
+            self._log.append((keys, req_context))
+            self._logged += len(keys)
+            if self._logged > self._history_limit:
+                self._trim_log()
         shadows = self._shadows
         shadows.record(keys, req_context)
         if shadows.windows != self._seen_windows:
             self._decide()
+
+    def _trim_log(self) -> None:
+        log, limit = self._log, self._history_limit
+        while self._logged > limit and log:
+            keys, _ = log.popleft()
+            if keys is not None:
+                self._logged -= len(keys)
 
     def evict(self, n: int, protected: Collection[OffloadKey]) -> Victims | None:
         victims = self._active.evict(n, protected)
@@ -274,11 +300,15 @@ class AutoCachePolicy(CachePolicy):
     def on_request_finished(self, req_context: ReqContext) -> None:
         self._active.on_request_finished(req_context)
         self._shadows.request_finished(req_context)
+        if self._history_limit:
+            self._log.append((None, req_context))
 
     def clear(self) -> None:
         self._blocks.clear()
         self._shadows.clear()
         self._switches.clear()
+        self._log.clear()
+        self._logged = 0
         self._reset_choice()
 
     def stats(self) -> Mapping[str, float]:

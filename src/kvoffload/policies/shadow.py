@@ -164,7 +164,8 @@ class _ShadowContexts:
         self.contexts = contexts
 
 
-def _copy_context(ctx: ReqContext) -> ReqContext:
+def copy_context(ctx: ReqContext) -> ReqContext:
+    """A copy of ``ctx``'s hints, without its per-request state (the key positions shared)."""
     copy = ReqContext(
         req_id=ctx.req_id,
         session_id=ctx.session_id,
@@ -264,7 +265,7 @@ class ShadowEvaluator:
             return [None] * len(self._minis)
         state = ctx.get_state(_ShadowContexts)
         if state is None or state.owner != self._id:
-            state = _ShadowContexts(self._id, [_copy_context(ctx) for _ in self._minis])
+            state = _ShadowContexts(self._id, [copy_context(ctx) for _ in self._minis])
             ctx.set_state(state)
         else:
             stamp, hits = ctx.timestamp, ctx.prefix_hit_blocks
