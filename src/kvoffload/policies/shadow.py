@@ -256,8 +256,10 @@ class ShadowEvaluator:
         self._recent_hits = [0.0] * len(self._minis)
         self._recent_accesses = 0.0
         self.windows = 0  # completed windows
-        # _wins[i][j]: decayed count of sampled accesses that candidate i hit and j missed.
+        # _wins[i][j]: decayed count of sampled accesses that candidate i hit and j missed;
+        # _total_wins the same since the start, undecayed (the long-run evidence).
         self._wins = [[0.0] * len(self._minis) for _ in self._minis]
+        self._total_wins = [[0] * len(self._minis) for _ in self._minis]
 
     # --------------------------------------------------------------- feeding
     def _contexts(self, ctx: ReqContext | None) -> list[ReqContext] | list[None]:
@@ -291,16 +293,17 @@ class ShadowEvaluator:
             return 0
         contexts = self._contexts(ctx)
         minis = self._minis
-        wins = self._wins
+        wins, total_wins = self._wins, self._total_wins
         for key in picked:
             hit = [mini.access(key, mctx) for mini, mctx in zip(minis, contexts, strict=True)]
             if any(hit) and not all(hit):  # the candidates disagree: a paired observation
                 for i, hit_i in enumerate(hit):
                     if hit_i:
-                        row = wins[i]
+                        row, total_row = wins[i], total_wins[i]
                         for j, hit_j in enumerate(hit):
                             if not hit_j:
                                 row[j] += 1.0
+                                total_row[j] += 1
             self.accesses += 1
             self._window_accesses += 1
             if self._window_accesses >= self.window:
@@ -337,6 +340,7 @@ class ShadowEvaluator:
         self._recent_accesses = 0.0
         self.windows = 0
         self._wins = [[0.0] * len(self._minis) for _ in self._minis]
+        self._total_wins = [[0] * len(self._minis) for _ in self._minis]
 
     # --------------------------------------------------------------- reading
     def estimates(self) -> dict[str, ShadowEstimate]:
@@ -366,6 +370,10 @@ class ShadowEvaluator:
         they disagree (a sign test) is far less noisy than comparing two hit ratios.
         """
         return self._wins[challenger][incumbent], self._wins[incumbent][challenger]
+
+    def paired_total(self, challenger: int, incumbent: int) -> tuple[int, int]:
+        """:meth:`paired` since the start, undecayed: the long-run evidence."""
+        return self._total_wins[challenger][incumbent], self._total_wins[incumbent][challenger]
 
     def hit_ratios(self) -> dict[str, float]:
         """Estimated hit ratio since the start, by candidate name."""
