@@ -82,16 +82,16 @@ def test_bad_candidates_are_clear_errors() -> None:
 
 
 def test_a_switch_replays_the_recent_accesses_into_the_new_candidate() -> None:
-    """With the history log the new LRU holds the hot set already; without it, none warm."""
-    for history, warm in ((8.0, True), (0.0, False)):
+    """With the history log the resident blocks enter the new LRU through the replay."""
+    for history, replayed in ((8.0, True), (0.0, False)):
         params = {"candidates": "fifo,lru", "sample_rate": 1.0, "window": 100, "history": history}
         manager = CPUOffloadingManager(100, "auto", cache_policy_params=params)
         _run(manager, _hot_and_scan(4000))
         auto = manager.policy
         assert isinstance(auto, AutoCachePolicy)
         [switch] = auto.switches
-        assert (switch.warm > 0) is warm
-        assert switch.warm + switch.moved == 100  # every resident block, once
+        assert (switch.replayed > 0) is replayed
+        assert switch.moved == 100  # every resident block, once
         table = auto.active.block_table
         assert table is not None and set(table) == set(auto.block_table)
 

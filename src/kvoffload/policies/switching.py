@@ -19,9 +19,8 @@ does):
 3. **Pending blocks** (being written, ``ref_cnt == -1``) come last and stay pending: the
    manager's completion calls ``mark_evictable`` on the new policy as usual.
 
-With ``warmed=True``, ``new`` may already hold some of the resident blocks, under their own
-status objects and in their real state (what :func:`warm_from_history` leaves): those stay where
-they are and only the others move, in the order above, after them.
+:func:`warm_switch` does the same move after replaying a recent access log into ``new``, so
+that it starts with the state (ghosts, frequencies, reuse classes) it would have learned.
 
 The blocks' :class:`BlockStatus` objects move as they are (they are shared with the manager),
 so slots and pin counts are unchanged. The old policy is cleared at the end: it is consumed.
@@ -49,7 +48,7 @@ class SwitchReport:
     evictable: int
     pinned: int
     pending: int
-    warm: int = 0  # blocks a warmed ``new`` held already (not moved)
+    replayed: int = 0  # with warm_switch: resident blocks the log's replay entered
 
     @property
     def moved(self) -> int:
@@ -79,48 +78,20 @@ def switch_resident_set(
     resident_keys: Iterable[OffloadKey] | None = None,
     frequencies: Mapping[OffloadKey, int] | None = None,
     req_context: ReqContext | None = None,
-    warmed: bool = False,
 ) -> SwitchReport:
     """Move every block stored in ``old`` into the empty policy ``new`` (see module docstring).
 
-    Raises ``ValueError`` when ``new`` already stores blocks (with ``warmed``: any block that
-    is not one of ``old``'s under the same status object) or is smaller than the resident
+    Raises ``ValueError`` when ``new`` already stores blocks or is smaller than the resident
     set, or when ``old`` keeps no block table and ``resident_keys`` is not given; in those
     cases nothing has changed. ``req_context`` is passed to every call on ``new`` (give one
     with the current ``timestamp`` to a policy that keeps time by it, e.g. ``kvaware``); its
     ``on_request_finished`` is called at the end.
     """
-    if not isinstance(old, CachePolicy) or not isinstance(new, CachePolicy):
-        raise TypeError("old and new must be CachePolicy instances")
-    if old is new:
-        raise ValueError("old and new must be different policy objects")
-    table = old.block_table
-    if resident_keys is not None:
-        keys = list(dict.fromkeys(resident_keys))
-    elif table is not None:
-        keys = list(table)
-    else:
-        raise ValueError(
-            f"{type(old).__name__} keeps no block_table: pass resident_keys (every stored key)"
-        )
-    if len(keys) > new.cache_capacity:
-        raise ValueError(
-            f"new holds {new.cache_capacity} blocks, fewer than the {len(keys)} stored"
-        )
-    statuses: dict[OffloadKey, BlockStatus] = {}
-    for key in keys:
-        status = old.get(key)
-        if status is not None:
-            statuses[key] = status
-    held = _held_already(new, statuses, warmed)
+    statuses, _ = _resident(old, new, resident_keys)
     drained = drain_in_eviction_order(old)
-    moved = set(held)
+    moved = set()
     touch = new.touch
-    evictable = 0
     for key, status in drained:
-        if key in moved:  # a warmed new holds it already, in its own place
-            continue
-        evictable += 1
         moved.add(key)
         _insert_ready(new, key, status, req_context)
         if frequencies is not None:
@@ -148,119 +119,187 @@ def switch_resident_set(
     old.clear()
     if req_context is not None:
         new.on_request_finished(req_context)
-    return SwitchReport(evictable + kept, pinned, pending, len(held))
+    return SwitchReport(len(drained) + kept, pinned, pending)
 
 
-def _held_already(
-    new: CachePolicy, statuses: Mapping[OffloadKey, BlockStatus], warmed: bool
-) -> set[OffloadKey]:
-    """The resident keys ``new`` holds already; ``ValueError`` if it holds anything else."""
-    table = new.block_table
-    if not warmed:
-        if (table is not None and len(table) > 0) or any(
-            new.get(key) is not None for key in statuses
-        ):
-            raise ValueError("new must be an empty policy (build a fresh one)")
-        return set()
-    held = {key for key, status in statuses.items() if new.get(key) is status}
-    if (table is not None and len(table) != len(held)) or any(
-        new.get(key) is not None for key in statuses.keys() - held
-    ):
-        raise ValueError(
-            "a warmed new policy may hold only resident blocks, under their own status objects"
-        )
-    return held
-
-
-#: One entry of a recent-history log: the keys one ``touch`` call accessed (in order) under
+#: One entry of a recent-access log: the keys one ``touch`` call accessed (in order) under
 #: its request's context, or ``None`` for keys where that request finished.
 HistoryEntry = tuple[Sequence[OffloadKey] | None, ReqContext | None]
 
 
-def warm_from_history(
+def warm_switch(
+    old: CachePolicy,
     new: CachePolicy,
     history: Iterable[HistoryEntry],
-    resident: Mapping[OffloadKey, BlockStatus],
-) -> int:
-    """Replay a recent access log into the empty policy ``new``, then leave it holding only
-    resident blocks (in their real state), so it switches in with learned history.
+    resident_keys: Iterable[OffloadKey] | None = None,
+    req_context: ReqContext | None = None,
+) -> SwitchReport:
+    """:func:`switch_resident_set`, with ``new`` first replaying the recent accesses in
+    ``history``, so it switches in with the state it would have learned serving them.
 
     A policy built at the switch knows nothing the old one learned: its ghosts, frequencies
     and reuse classes start empty, and it decides badly for as long as they take to fill (on
-    the shared trace, ``kvaware`` switched in at 40% ended below the policy it replaced).
-    Replaying the log (the shadow miniatures' protocol: each access touched, a miss inserted
-    and completed at once, evicting one block when full) rebuilds that state as if ``new`` had
-    served the window. Then the blocks it holds that are not resident are evicted (its ghosts
-    remember them), and the resident ones it holds are given back their real pin state; the
-    resident blocks it does not hold are left for :func:`switch_resident_set` with
-    ``warmed=True``. Resident blocks enter the replay under their own status objects (pin
-    counts saved and restored), so no status object changes hands. Contexts are copied per
-    request, so no policy state lands in the callers' contexts. Returns the blocks kept.
+    the shared trace at 10%, ``kvaware`` switched in at 40% ended below ``mq``, the policy it
+    replaced). The replay follows the shadow miniatures' protocol (each access touched, a miss
+    inserted and completed at once, one block evicted when full), constrained to end on the
+    real resident set: resident blocks the log does not access enter first (in ``old``'s
+    eviction order), and every resident block is held pinned while the log plays, so only
+    blocks that are not resident are evicted (its ghosts remember them). At the end those are
+    evicted, and the resident blocks are released least recently accessed first (``old``'s
+    order for the ones the log did not access), into their real pin state: ready ones made
+    evictable, pinned ones kept pinned, pending ones entered again as pending stores.
+    Resident blocks enter under their own status objects (the pin counts are saved and
+    restored), so no status object changes hands; contexts are copied per request, so no
+    policy state lands in the callers' contexts. Raises as :func:`switch_resident_set` does,
+    before anything changes.
     """
     from kvoffload.policies.shadow import copy_context  # shadow imports factory: no cycle here
 
+    statuses, keys = _resident(old, new, resident_keys)
+    log = list(history)
+    accessed: set[OffloadKey] = set()
+    for entry_keys, _ in log:
+        if entry_keys is not None:
+            accessed.update(entry_keys)
+    drained = drain_in_eviction_order(old)
+    order = [key for key, _ in drained]  # least valuable first, then what old kept
+    order_set = set(order)
+    order += [key for key in keys if key in statuses and key not in order_set]
+    saved = {key: status.ref_cnt for key, status in statuses.items()}
+    last_use: dict[OffloadKey, int] = {}
+    held: set[OffloadKey] = set()
     capacity = new.cache_capacity
-    if capacity <= 0:
-        return 0
-    saved = {key: status.ref_cnt for key, status in resident.items()}
-    held: dict[OffloadKey, BlockStatus] = {}
-    copies: dict[int, ReqContext] = {}
-    fake_ids = count(-2, -1)  # slots no real block has
-    get, touch, evict, insert = new.get, new.touch, new.evict, new.insert
-    mark_evictable = new.mark_evictable
+    get, touch, evict = new.get, new.touch, new.evict
+    step = replayed = 0
+
+    pinned_keys: set[OffloadKey] = set()  # resident blocks entered (pinned until the end)
+
+    def enter(key: OffloadKey, status: BlockStatus, ctx: ReqContext | None) -> None:
+        _insert_ready(new, key, status, ctx)
+        held.add(key)
+        if key in statuses:  # resident: pinned while the log plays
+            status.ref_cnt = 1
+            new.mark_non_evictable(key)
+            pinned_keys.add(key)
+
+    # The blocks the log does not access were stored before it: enter them at its start time.
+    first = next((ctx for _, ctx in log if ctx is not None and ctx.timestamp is not None), None)
+    early = req_context
+    if first is not None:
+        early = ReqContext(req_id="warm-switch", timestamp=first.timestamp)
     try:
-        for keys, ctx in history:
+        for key in order:
+            if key not in accessed:
+                enter(key, statuses[key], early)
+                last_use[key] = step
+                step += 1
+        copies: dict[int, ReqContext] = {}
+        fake_ids = count(-2, -1)  # slots no real block has
+        for entry_keys, ctx in log:
             mctx = None
             if ctx is not None:
                 mctx = copies.get(id(ctx))
                 if mctx is None:
                     mctx = copies[id(ctx)] = copy_context(ctx)
                     mctx.output_tokens = None
-            if keys is None:
+            if entry_keys is None:
                 if ctx is not None and mctx is not None:
                     del copies[id(ctx)]
                     mctx.output_tokens = ctx.output_tokens
                     new.on_request_finished(mctx)
                 continue
-            for key in keys:
+            for key in entry_keys:
                 one = [key]
                 touch(one, mctx)
+                if key in statuses:
+                    last_use[key] = step
+                step += 1
                 if get(key) is not None:
                     continue
-                if len(held) >= capacity:
+                if len(held) - len(pinned_keys) >= capacity:  # the resident ones count apart
                     victims = evict(1, one)
-                    if not victims:
+                    if not victims:  # cannot happen: the unpinned blocks fill the capacity
                         continue
                     for victim, _ in victims:
-                        del held[victim]
-                status = resident.get(key)
+                        held.discard(victim)
+                status = statuses.get(key)
                 if status is None:
-                    status = BlockStatus(next(fake_ids), -1)
-                status.ref_cnt = -1
-                insert(key, status, mctx)
-                status.ref_cnt = 0
-                mark_evictable(key)
-                held[key] = status
-        extra = [key for key in held if key not in resident]
+                    status = BlockStatus(next(fake_ids))
+                else:
+                    replayed += 1
+                enter(key, status, mctx)
+        extra = [key for key in held if key not in statuses]
         if extra:
-            keep = held.keys() - set(extra)
-            victims = evict(len(extra), keep) or []
+            victims = evict(len(extra), ()) or []  # the resident ones are pinned
             for victim, _ in victims:
-                held.pop(victim, None)
-            for key in extra:  # what evict would not give (cannot happen without pins)
-                if key in held:
+                held.discard(victim)
+            for key in extra:
+                if key in held:  # cannot happen: evict gives every unpinned block
                     new.remove(key)
-                    del held[key]
-    finally:
-        for key, status in resident.items():
+                    held.discard(key)
+        missing = [key for key in order if key not in held]  # resident, never entered
+        for key in missing:
+            enter(key, statuses[key], req_context)
+            last_use[key] = step
+            step += 1
+    except BaseException:
+        for key, status in statuses.items():
             status.ref_cnt = saved[key]
-    for key, status in held.items():
-        if status.ref_cnt > 0:
-            new.mark_non_evictable(key)
-        elif status.ref_cnt < 0:  # being written: re-enter as a pending store
+        raise
+    evictable = pinned = pending = 0
+    released = sorted(held, key=last_use.__getitem__)
+    for key in released:
+        status = statuses[key]
+        real = saved[key]
+        if real == 0:
+            status.ref_cnt = 0
+            new.mark_evictable(key)
+            evictable += 1
+        elif real > 0:
+            status.ref_cnt = real
+            pinned += 1
+        else:  # being written: enter again as a pending store
             new.remove(key)
-            new.insert(key, status, None)
-    return len(held)
+            status.ref_cnt = -1
+            new.insert(key, status, req_context)
+            pending += 1
+    old.clear()
+    if req_context is not None:
+        new.on_request_finished(req_context)
+    return SwitchReport(evictable, pinned, pending, replayed)
+
+
+def _resident(
+    old: CachePolicy, new: CachePolicy, resident_keys: Iterable[OffloadKey] | None
+) -> tuple[dict[OffloadKey, BlockStatus], list[OffloadKey]]:
+    """The stored keys' statuses and the keys; ``ValueError`` when a switch cannot be made."""
+    if not isinstance(old, CachePolicy) or not isinstance(new, CachePolicy):
+        raise TypeError("old and new must be CachePolicy instances")
+    if old is new:
+        raise ValueError("old and new must be different policy objects")
+    table = old.block_table
+    if resident_keys is not None:
+        keys = list(dict.fromkeys(resident_keys))
+    elif table is not None:
+        keys = list(table)
+    else:
+        raise ValueError(
+            f"{type(old).__name__} keeps no block_table: pass resident_keys (every stored key)"
+        )
+    if any(new.get(key) is not None for key in keys) or (
+        new.block_table is not None and len(new.block_table) > 0
+    ):
+        raise ValueError("new must be an empty policy (build a fresh one)")
+    if len(keys) > new.cache_capacity:
+        raise ValueError(
+            f"new holds {new.cache_capacity} blocks, fewer than the {len(keys)} stored"
+        )
+    statuses: dict[OffloadKey, BlockStatus] = {}
+    for key in keys:
+        status = old.get(key)
+        if status is not None:
+            statuses[key] = status
+    return statuses, keys
 
 
 def _insert_ready(
@@ -278,5 +317,5 @@ __all__ = [
     "SwitchReport",
     "drain_in_eviction_order",
     "switch_resident_set",
-    "warm_from_history",
+    "warm_switch",
 ]
