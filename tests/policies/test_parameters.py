@@ -70,6 +70,7 @@ WRONG_VALUES: dict[str, dict[str, Any]] = {
         "z": -1.0,
         "history": -1.0,
         "long_run": None,
+        "alpha": 1.0,
     },
 }
 #: Wrong types where a string is a right one.

@@ -108,7 +108,7 @@ class AutoCachePolicy(CachePolicy):
         cache_capacity: int,
         candidates: str | Sequence[CandidateSpec] = DEFAULT_CANDIDATES,
         sample_rate: float = 0.01,
-        min_shadow_blocks: int = 256,
+        min_shadow_blocks: int = 1024,
         window: int = 100,
         decay: float = 0.97,
         margin: float = 0.002,
@@ -119,6 +119,7 @@ class AutoCachePolicy(CachePolicy):
         z: float = 2.0,
         history: float = 8.0,
         long_run: bool = True,
+        alpha: float = 0.05,
     ) -> None:
         super().__init__(cache_capacity)
         specs = _parse_candidates(candidates)
@@ -129,6 +130,7 @@ class AutoCachePolicy(CachePolicy):
         self.warmup_windows = check_int("warmup_windows", warmup_windows, 0, 2**31)
         self.z = check_number("z", z, 0.0, 100.0)
         self.long_run = check_bool("long_run", long_run)
+        self.alpha = check_number("alpha", alpha, 0.0, 1.0, low_open=True, high_open=True)
         self.history = check_number("history", history, 0.0, 1e6)
         # The recent real accesses (about ``history`` times the capacity): a switch replays
         # them into the new candidate, so it starts with what it would have learned.
@@ -208,7 +210,7 @@ class AutoCachePolicy(CachePolicy):
                 total_wins, total_losses = shadows.paired_total(index, active)
                 surplus = total_wins - total_losses
                 if not (
-                    surplus > z * math.sqrt(total_wins + total_losses)
+                    surplus > self._anytime_bound(total_wins + total_losses)
                     and surplus / n_total > margin + relative * current_total
                 ):
                     continue
@@ -223,6 +225,16 @@ class AutoCachePolicy(CachePolicy):
         if since < self._dwell or since < self._last_switch_window:
             return
         self._switch_to(best, tuple(zip(names, values, strict=True)))
+
+    def _anytime_bound(self, n: int) -> float:
+        """The surplus a fair coin's ``n`` paired outcomes exceed with chance ``alpha`` at most,
+        however often it is looked at (Robbins' normal-mixture boundary).
+
+        The long-run counts are tested at every window: a fixed ``z`` would be crossed by
+        chance sooner or later (on the shared trace at 5%, after 88 windows), and each switch
+        costs hits.
+        """
+        return math.sqrt((n + 1) * (math.log(n + 1) + 2.0 * math.log(1.0 / self.alpha)))
 
     def _switch_to(self, index: int, evidence: tuple[tuple[str, float], ...]) -> None:
         old_index, old = self._active_index, self._active

@@ -140,8 +140,9 @@ def warm_switch(
     A policy built at the switch knows nothing the old one learned: its ghosts, frequencies
     and reuse classes start empty, and it decides badly for as long as they take to fill (on
     the shared trace at 10%, ``kvaware`` switched in at 40% ended below ``mq``, the policy it
-    replaced). The replay follows the shadow miniatures' protocol (each access touched, a miss
-    inserted and completed at once, one block evicted when full), constrained to end on the
+    replaced). The replay drives ``new`` as the manager would (each call's keys touched at
+    once, the misses stored as a batch with the call's keys protected and completed at once),
+    constrained to end on the
     real resident set: resident blocks the log does not access enter first (in ``old``'s
     eviction order), and every resident block is held pinned while the log plays, so only
     blocks that are not resident are evicted (its ghosts remember them). At the end those are
@@ -208,20 +209,30 @@ def warm_switch(
                     mctx.output_tokens = ctx.output_tokens
                     new.on_request_finished(mctx)
                 continue
+            # One call as the manager makes it: every key touched at once, then the misses
+            # stored as a batch, room made with the call's keys protected.
+            touch(entry_keys, mctx)
+            misses = []
             for key in entry_keys:
-                one = [key]
-                touch(one, mctx)
                 if key in statuses:
                     last_use[key] = step
                 step += 1
-                if get(key) is not None:
-                    continue
-                if len(held) - len(pinned_keys) >= capacity:  # the resident ones count apart
-                    victims = evict(1, one)
-                    if not victims:  # cannot happen: the unpinned blocks fill the capacity
-                        continue
+                if get(key) is None:
+                    misses.append(key)
+            if not misses:
+                continue
+            fresh = [key for key in misses if key not in statuses]
+            need = len(held) - len(pinned_keys) + len(fresh) - capacity
+            if need > 0:  # the resident blocks count apart: they are pinned
+                victims = evict(need, set(entry_keys))
+                if victims is None:  # the call's own keys fill the capacity: store what fits
+                    fresh = fresh[: max(len(fresh) - need, 0)]
+                    keep = set(fresh)
+                    misses = [key for key in misses if key in statuses or key in keep]
+                else:
                     for victim, _ in victims:
                         held.discard(victim)
+            for key in misses:
                 status = statuses.get(key)
                 if status is None:
                     status = BlockStatus(next(fake_ids))
