@@ -79,3 +79,35 @@ def test_bad_candidates_are_clear_errors() -> None:
         AutoCachePolicy(10, candidates=3)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="at least one"):
         AutoCachePolicy(10, candidates=" , ")
+
+
+def test_a_switch_replays_the_recent_accesses_into_the_new_candidate() -> None:
+    """With the history log the resident blocks enter the new LRU through the replay."""
+    for history, replayed in ((8.0, True), (0.0, False)):
+        params = {"candidates": "fifo,lru", "sample_rate": 1.0, "window": 100, "history": history}
+        manager = CPUOffloadingManager(100, "auto", cache_policy_params=params)
+        _run(manager, _hot_and_scan(4000))
+        auto = manager.policy
+        assert isinstance(auto, AutoCachePolicy)
+        [switch] = auto.switches
+        assert (switch.replayed > 0) is replayed
+        assert switch.moved == 100  # every resident block, once
+        table = auto.active.block_table
+        assert table is not None and set(table) == set(auto.block_table)
+
+
+def test_a_recent_lead_the_long_run_does_not_confirm_is_not_followed() -> None:
+    """The same clear recent lead (LRU over FIFO) switches only when the long run agrees."""
+    params = {"candidates": "fifo,lru", "sample_rate": 1.0, "window": 100}
+    for long_run, agrees, switches in ((True, False, 0), (True, True, 1), (False, False, 1)):
+        manager = CPUOffloadingManager(
+            100, "auto", cache_policy_params={**params, "long_run": long_run}
+        )
+        auto = manager.policy
+        assert isinstance(auto, AutoCachePolicy)
+        if not agrees:  # the long run shows no lead at all
+            auto.shadows.paired_total = lambda challenger, incumbent: (0, 0)  # type: ignore[method-assign]
+        _run(manager, _hot_and_scan(3000))
+        assert len(auto.switches) == switches
+    with pytest.raises(TypeError, match="long_run"):
+        AutoCachePolicy(10, long_run=1)  # type: ignore[arg-type]

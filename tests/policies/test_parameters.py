@@ -68,6 +68,9 @@ WRONG_VALUES: dict[str, dict[str, Any]] = {
         "min_dwell": -1,
         "warmup_windows": -1,
         "z": -1.0,
+        "history": -1.0,
+        "long_run": None,
+        "alpha": 1.0,
     },
 }
 #: Wrong types where a string is a right one.

@@ -68,3 +68,29 @@ def test_bad_arguments_are_clear_errors() -> None:
         ShadowEvaluator(10, [3])  # type: ignore[list-item]
     with pytest.raises(ValueError, match="distinct"):
         ShadowEvaluator(10, ["lru", "lru"])
+
+
+@pytest.mark.parametrize("policy", ["lru", "mq", "kvaware"])
+def test_the_requests_protocol_matches_the_managers_hits_at_full_rate(policy: str) -> None:
+    """Driven as the manager drives a policy, a full-rate shadow's hits are the replay's."""
+    from kvoffload.sim.replay import make_context, replay
+    from kvoffload.sim.workloads import WorkloadConfig, generate_workload
+
+    trace = generate_workload(WorkloadConfig(seed=7, requests=400))
+    capacity = trace.num_unique_blocks // 20
+    exact = replay(trace, capacity, policy).block_hits
+    got = {}
+    for protocol in ("requests", "blocks"):
+        shadow = ShadowEvaluator(capacity, [policy], sample_rate=1.0, protocol=protocol)
+        for request in trace.requests:
+            keys = [int_key(b) for b in request.block_ids]
+            ctx = make_context(request, keys, trace.block_tokens)
+            shadow.record(list(dict.fromkeys(keys)), ctx)
+            ctx.output_tokens = request.output_tokens
+            shadow.request_finished(ctx)
+        got[protocol] = shadow.estimates()[policy].hits
+    assert abs(got["requests"] - exact) <= 0.001 * trace.block_accesses, (got, exact)
+    if policy == "lru":  # one key at a time its own blocks push each other out: fewer hits
+        assert exact - got["blocks"] > 0.005 * trace.block_accesses
+    with pytest.raises(ValueError, match="protocol"):
+        ShadowEvaluator(10, ["lru"], protocol="keys")

@@ -85,3 +85,69 @@ def test_every_built_in_hands_over_its_whole_resident_set(name: str) -> None:
     assert (report.evictable, report.pinned, report.pending) == (7, 1, 0)
     assert all(new.get(int_key(i)) is statuses[i] for i in range(8))
     assert all(old.get(int_key(i)) is None for i in range(8))
+
+
+def test_a_warm_switch_follows_the_logged_accesses_not_the_old_order() -> None:
+    """LRU warmed on a log in which 0 and 2 were used last: they are its last victims."""
+    from kvoffload.context import ReqContext
+    from kvoffload.policies.switching import warm_switch
+
+    old, statuses = _filled("fifo", 5)  # FIFO order 0..4; a cold switch keeps it
+    ctx = ReqContext(req_id="r", timestamp=1.0)
+    log = [([int_key(i) for i in (9, 1, 3, 4)], ctx), ([int_key(0), int_key(2)], ctx)]
+    log.append((None, ctx))
+    new = create_cache_policy("lru", 5)
+    report = warm_switch(old, new, log)
+    assert (report.moved, report.replayed) == (5, 5) and len(old) == 0
+    assert new.get(int_key(9)) is None and all(s.ref_cnt == 0 for s in statuses)
+    victims = new.evict(5, ())
+    assert victims is not None
+    assert [k for k, _ in victims] == [int_key(i) for i in (1, 3, 4, 0, 2)]
+    assert [s for _, s in victims] == [statuses[i] for i in (1, 3, 4, 0, 2)]
+
+
+def test_a_warm_switch_without_a_log_is_the_plain_switch() -> None:
+    from kvoffload.policies.switching import warm_switch
+
+    old, _ = _filled("fifo", 5)
+    old.touch([int_key(0)])
+    new = create_cache_policy("lru", 5)
+    report = warm_switch(old, new, [])
+    assert (report.moved, report.replayed) == (5, 0)
+    victims = new.evict(5, ())
+    assert victims is not None and [k for k, _ in victims] == [int_key(i) for i in range(5)]
+
+
+@pytest.mark.parametrize("target", ["mq", "arc", "kvaware", "lru"])
+def test_a_warm_switch_keeps_pins_and_pending_writes(target: str) -> None:
+    from kvoffload.policies.switching import warm_switch
+
+    old, statuses = _filled("lru", 4)
+    statuses[1].ref_cnt = 2
+    old.mark_non_evictable(int_key(1))
+    old.remove(int_key(3))
+    pending = BlockStatus(3, -1)
+    old.insert(int_key(3), pending)
+    log = [([int_key(i) for i in (0, 1, 3, 7, 8, 9, 10)], None)]
+    new = create_cache_policy(target, 4)
+    report = warm_switch(old, new, log)
+    assert (report.evictable, report.pinned, report.pending) == (2, 1, 1)
+    assert statuses[1].ref_cnt == 2 and pending.ref_cnt == -1
+    assert all(new.get(int_key(i)) is None for i in (7, 8, 9, 10))
+    assert new.get(int_key(2)) is statuses[2]
+    victims = new.evict(2, ())
+    assert victims is not None and {k for k, _ in victims} == {int_key(0), int_key(2)}
+    assert new.evict(1, ()) is None  # 1 pinned, 3 being written
+    pending.ref_cnt = 0
+    new.mark_evictable(int_key(3))
+    assert new.evict(1, ()) == [(int_key(3), pending)]
+
+
+def test_a_warm_switch_refuses_a_target_that_is_not_empty() -> None:
+    from kvoffload.policies.switching import warm_switch
+
+    old, _ = _filled("lru", 3)
+    new, _ = _filled("lru", 3)
+    with pytest.raises(ValueError, match="empty"):
+        warm_switch(old, new, [([int_key(0)], None)])
+    assert len(old) == 3

@@ -6,11 +6,17 @@ each candidate policy is replayed on the sampled accesses at ``capacity * rate``
 its hit ratio there estimates the hit ratio it would have on the whole stream at
 ``capacity``. The cost is about ``rate`` times one real policy per candidate.
 
-The miniatures are driven one block at a time without pinning (the protocol of
-``kvoffload.testing.drive``): a hit is touched; a miss is touched (ghost learning), makes room
-with ``evict(1, {key})`` and is inserted and completed at once. They therefore estimate block
-hit ratios; a prefix cache's usable hit ratio is within a few thousandths of it for most
-policies (``benchmarks/shadow_error.py`` measures both).
+The miniatures are driven as the manager drives the real policy (``protocol="requests"``, the
+default): each call's sampled keys are touched at once, the hits before the request's first
+miss (its prefix) are pinned as loads, the misses are stored as one batch with the call's keys
+protected from eviction, and the stores, then the loads (tail first), complete when the request
+finishes. Driven one block at a time without pins instead (``protocol="blocks"``, the protocol
+of ``kvoffload.testing.drive``), a request's blocks push each other out and its prefix ends
+least recent: at full rate on the shared trace that put ``mq`` at 0.0415 at 1% and ``kvaware``
+at 0.1653 at 5% where the prefix replay has 0.0444 and 0.1738, which ranked the candidates
+wrongly; the requests protocol gives 0.0443 and 0.1739. They estimate block hit ratios; a
+prefix cache's usable hit ratio is within a few thousandths of it (``benchmarks/shadow_error.py``
+measures both).
 
 Parameters a policy counts in accesses (MQ's ``lifetime``, ``kvaware``'s ``decay_window``;
 see :data:`ACCESS_COUNT_PARAMS`) are scaled by the rate too, as SHARDS scales the capacity.
@@ -52,6 +58,11 @@ def sampling_rate(capacity: int, sample_rate: float, min_shadow_blocks: int) -> 
 
 
 CandidateSpec = str | tuple[str, Mapping[str, object]]
+
+#: How a miniature is driven: ``requests`` as the manager drives the real policy (each call's
+#: keys touched at once, the prefix pinned, the misses stored as one batch with the call's
+#: keys protected, completions when the request ends), ``blocks`` one key at a time.
+PROTOCOLS = ("requests", "blocks")
 
 #: Parameters counted in accesses (or inserts), by policy: a miniature sees ``rate`` times the
 #: accesses, so it gets them scaled by ``rate`` (from the full-size policy's resolved value),
@@ -147,6 +158,101 @@ class _Miniature:
         policy.mark_evictable(key)
         return False
 
+    def access_request(
+        self, keys: list[OffloadKey], ctx: ReqContext | None, held: _Held | None
+    ) -> list[bool]:
+        """One call's accesses as the manager makes them; each key's hit, in order.
+
+        The keys are touched at once; the hits before the request's first miss (its prefix)
+        are pinned as loads; the misses are made room for with every key of the call
+        protected, and stored (pending) as one batch. The stores complete, then the loads,
+        tail first, when the request finishes (:meth:`release`; at once without a request).
+        """
+        policy = self.policy
+        get = policy.get
+        hits = [get(key) is not None for key in keys]
+        policy.touch(keys, ctx)
+        count = hits.count(True)
+        self.hits += count
+        self.window_hits += count
+        if held is None:
+            held = _Held()
+            now = True
+        else:
+            now = False
+        if held.intact:
+            loaded = held.loaded
+            for key, hit in zip(keys, hits, strict=True):
+                if not hit:
+                    held.intact = False
+                    break
+                status = get(key)
+                if status is not None and status.ref_cnt >= 0:
+                    if status.ref_cnt == 0:
+                        policy.mark_non_evictable(key)
+                    status.ref_cnt += 1
+                    loaded.append(key)
+        if count < len(keys):
+            misses = [key for key, hit in zip(keys, hits, strict=True) if not hit]
+            self._store(misses, keys, ctx, held)
+        if now:
+            self.release(held)
+        return hits
+
+    def _store(
+        self,
+        misses: list[OffloadKey],
+        offered: list[OffloadKey],
+        ctx: ReqContext | None,
+        held: _Held,
+    ) -> None:
+        policy = self.policy
+        capacity = policy.cache_capacity
+        free = capacity - self.next_slot + len(self.free)
+        need = len(misses) - free
+        if need > 0:
+            victims = policy.evict(need, set(offered))
+            if victims is None:  # not enough unpinned blocks: store what fits
+                misses = misses[:free]
+            else:
+                self.free.extend(status for _, status in victims)
+        if not misses:
+            return
+        statuses = []
+        for _ in misses:
+            if self.next_slot < capacity:
+                status = BlockStatus(self.next_slot, -1)
+                self.next_slot += 1
+            else:
+                status = self.free.pop()
+                status.ref_cnt = -1
+            statuses.append(status)
+        policy.insert_many(misses, statuses, ctx)
+        held.stored.extend(zip(misses, statuses, strict=True))
+
+    def release(self, held: _Held) -> None:
+        """The request's completions: its stores, then its loads, each tail first."""
+        policy = self.policy
+        if held.stored:
+            stored = held.stored
+            for _, status in stored:
+                status.ref_cnt = 0
+            policy.mark_evictable_many([key for key, _ in stored])
+            held.stored = []
+        if held.loaded:
+            get = policy.get
+            released = []
+            for key in reversed(held.loaded):
+                loaded = get(key)
+                if loaded is not None and loaded.ref_cnt > 0:
+                    loaded.ref_cnt -= 1
+                    if loaded.ref_cnt == 0:
+                        released.append(key)
+            if released:
+                policy.mark_evictable_many(released)
+            held.loaded = []
+        held.intact = True
+
     def clear(self) -> None:
         self.policy.clear()
         self.next_slot = 0
@@ -154,17 +260,30 @@ class _Miniature:
         self.hits = self.window_hits = 0
 
 
+class _Held:
+    """One miniature's blocks held by one request: its loads (pinned) and pending stores."""
+
+    __slots__ = ("intact", "loaded", "stored")
+
+    def __init__(self) -> None:
+        self.intact = True  # no miss yet: hits are still the prefix (loads)
+        self.loaded: list[OffloadKey] = []
+        self.stored: list[tuple[OffloadKey, BlockStatus]] = []
+
+
 class _ShadowContexts:
     """The miniatures' private contexts for one request (kept in the caller's context)."""
 
-    __slots__ = ("contexts", "owner")
+    __slots__ = ("contexts", "held", "owner")
 
     def __init__(self, owner: int, contexts: list[ReqContext]) -> None:
         self.owner = owner
         self.contexts = contexts
+        self.held = [_Held() for _ in contexts]
 
 
-def _copy_context(ctx: ReqContext) -> ReqContext:
+def copy_context(ctx: ReqContext) -> ReqContext:
+    """A copy of ``ctx``'s hints, without its per-request state (the key positions shared)."""
     copy = ReqContext(
         req_id=ctx.req_id,
         session_id=ctx.session_id,
@@ -216,6 +335,7 @@ class ShadowEvaluator:
         min_shadow_blocks: int = 0,
         window: int = 1000,
         decay: float = 0.5,
+        protocol: str = "requests",
     ) -> None:
         capacity = check_int("capacity", capacity, 0, 2**62)
         self.sample_rate = check_number(
@@ -224,6 +344,9 @@ class ShadowEvaluator:
         self.min_shadow_blocks = check_int("min_shadow_blocks", min_shadow_blocks, 0, 2**62)
         self.window = check_int("window", window, 1, 2**62)
         self.decay = check_number("decay", decay, 0.0, 1.0, high_open=True)
+        if protocol not in PROTOCOLS:
+            raise ValueError(f"protocol must be one of {', '.join(PROTOCOLS)}, got {protocol!r}")
+        self.protocol = protocol
         if isinstance(candidates, (str, bytes)) or not isinstance(candidates, Sequence):
             raise TypeError("candidates must be a sequence of policy names or (name, params)")
         if not candidates:
@@ -255,23 +378,23 @@ class ShadowEvaluator:
         self._recent_hits = [0.0] * len(self._minis)
         self._recent_accesses = 0.0
         self.windows = 0  # completed windows
-        # _wins[i][j]: decayed count of sampled accesses that candidate i hit and j missed.
+        # _wins[i][j]: decayed count of sampled accesses that candidate i hit and j missed;
+        # _total_wins the same since the start, undecayed (the long-run evidence).
         self._wins = [[0.0] * len(self._minis) for _ in self._minis]
+        self._total_wins = [[0] * len(self._minis) for _ in self._minis]
 
     # --------------------------------------------------------------- feeding
-    def _contexts(self, ctx: ReqContext | None) -> list[ReqContext] | list[None]:
-        if ctx is None:
-            return [None] * len(self._minis)
+    def _state(self, ctx: ReqContext) -> _ShadowContexts:
         state = ctx.get_state(_ShadowContexts)
         if state is None or state.owner != self._id:
-            state = _ShadowContexts(self._id, [_copy_context(ctx) for _ in self._minis])
+            state = _ShadowContexts(self._id, [copy_context(ctx) for _ in self._minis])
             ctx.set_state(state)
         else:
             stamp, hits = ctx.timestamp, ctx.prefix_hit_blocks
             for copy in state.contexts:
                 copy.timestamp = stamp
                 copy.prefix_hit_blocks = hits
-        return state.contexts
+        return state
 
     def sampled(self, keys: Iterable[OffloadKey]) -> list[OffloadKey]:
         """The keys among ``keys`` that this evaluator samples, in order."""
@@ -288,22 +411,37 @@ class ShadowEvaluator:
         picked = self.sampled(keys)
         if not picked:
             return 0
-        contexts = self._contexts(ctx)
         minis = self._minis
-        wins = self._wins
-        for key in picked:
-            hit = [mini.access(key, mctx) for mini, mctx in zip(minis, contexts, strict=True)]
+        if ctx is None:
+            contexts: list[ReqContext] | list[None] = [None] * len(minis)
+            helds: list[_Held] | list[None] = [None] * len(minis)
+        else:
+            state = self._state(ctx)
+            contexts, helds = state.contexts, state.held
+        if self.protocol == "blocks":
+            rows = [
+                [mini.access(key, mctx) for key in picked]
+                for mini, mctx in zip(minis, contexts, strict=True)
+            ]
+        else:
+            rows = [
+                mini.access_request(picked, mctx, held)
+                for mini, mctx, held in zip(minis, contexts, helds, strict=True)
+            ]
+        wins, total_wins = self._wins, self._total_wins
+        for hit in zip(*rows, strict=True):
             if any(hit) and not all(hit):  # the candidates disagree: a paired observation
                 for i, hit_i in enumerate(hit):
                     if hit_i:
-                        row = wins[i]
+                        row, total_row = wins[i], total_wins[i]
                         for j, hit_j in enumerate(hit):
                             if not hit_j:
                                 row[j] += 1.0
-            self.accesses += 1
-            self._window_accesses += 1
-            if self._window_accesses >= self.window:
-                self._close_window()
+                                total_row[j] += 1
+        self.accesses += len(picked)
+        self._window_accesses += len(picked)
+        if self._window_accesses >= self.window:
+            self._close_window()
         return len(picked)
 
     def _close_window(self) -> None:
@@ -323,7 +461,8 @@ class ShadowEvaluator:
         state = ctx.get_state(_ShadowContexts)
         if state is None or state.owner != self._id:
             return
-        for mini, copy in zip(self._minis, state.contexts, strict=True):
+        for mini, copy, held in zip(self._minis, state.contexts, state.held, strict=True):
+            mini.release(held)
             copy.output_tokens = ctx.output_tokens
             mini.policy.on_request_finished(copy)
 
@@ -336,6 +475,7 @@ class ShadowEvaluator:
         self._recent_accesses = 0.0
         self.windows = 0
         self._wins = [[0.0] * len(self._minis) for _ in self._minis]
+        self._total_wins = [[0] * len(self._minis) for _ in self._minis]
 
     # --------------------------------------------------------------- reading
     def estimates(self) -> dict[str, ShadowEstimate]:
@@ -366,6 +506,10 @@ class ShadowEvaluator:
         """
         return self._wins[challenger][incumbent], self._wins[incumbent][challenger]
 
+    def paired_total(self, challenger: int, incumbent: int) -> tuple[int, int]:
+        """:meth:`paired` since the start, undecayed: the long-run evidence."""
+        return self._total_wins[challenger][incumbent], self._total_wins[incumbent][challenger]
+
     def hit_ratios(self) -> dict[str, float]:
         """Estimated hit ratio since the start, by candidate name."""
         return {name: est.hit_ratio for name, est in self.estimates().items()}
@@ -389,6 +533,7 @@ class ShadowEvaluator:
 
 __all__ = [
     "ACCESS_COUNT_PARAMS",
+    "PROTOCOLS",
     "CandidateSpec",
     "ShadowEstimate",
     "ShadowEvaluator",
