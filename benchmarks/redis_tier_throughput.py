@@ -63,9 +63,23 @@ def start_server() -> tuple[subprocess.Popen[bytes], str, str]:
         port = sock.getsockname()[1]
     workdir = tempfile.mkdtemp(prefix="kvoffload-redis-bench-")
     proc = subprocess.Popen(
-        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-         "--appendonly", "no", "--dir", workdir, "--maxmemory", "0",
-         "--proto-max-bulk-len", "1gb"],
+        [
+            "redis-server",
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            workdir,
+            "--maxmemory",
+            "0",
+            "--proto-max-bulk-len",
+            "1gb",
+        ],
         stdout=subprocess.DEVNULL,
     )
     url = f"redis://127.0.0.1:{port}/0"
@@ -204,8 +218,11 @@ def ceiling_socket(url: str, values: list[bytes], connections: int) -> tuple[flo
             batch = range(start, min(start + 16, part.stop))
             tail = b""  # a value's CRLF goes out with the next command: 2 sends a value
             for i in batch:
-                conn.sock.sendall(tail + b"*3\r\n$3\r\nSET\r\n$%d\r\n%s\r\n$%d\r\n"
-                                  % (len(names[i]), names[i], len(values[i])))
+                conn.sock.sendall(
+                    tail
+                    + b"*3\r\n$3\r\nSET\r\n$%d\r\n%s\r\n$%d\r\n"
+                    % (len(names[i]), names[i], len(values[i]))
+                )
                 conn.sock.sendall(values[i])
                 tail = b"\r\n"
             conn.sock.sendall(tail)
@@ -255,9 +272,25 @@ def redis_benchmark(port: int, nbytes: int, requests: int) -> dict[str, float]:
     if shutil.which("redis-benchmark") is None:
         return {}
     out = subprocess.run(
-        ["redis-benchmark", "-p", str(port), "-t", "set,get", "-d", str(nbytes), "-P", "16",
-         "-n", str(requests), "-c", "1", "-q"],
-        capture_output=True, text=True, timeout=300,
+        [
+            "redis-benchmark",
+            "-p",
+            str(port),
+            "-t",
+            "set,get",
+            "-d",
+            str(nbytes),
+            "-P",
+            "16",
+            "-n",
+            str(requests),
+            "-c",
+            "1",
+            "-q",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     ).stdout
     figures = {}
     for name, rate in re.findall(r"(SET|GET): ([0-9.]+) requests per second", out):
@@ -295,12 +328,18 @@ def main() -> None:
                 memory.slot_view(s)[:] = os.urandom(64) * (nbytes // 64)
             values = [bytes(memory.slot_view(i % memory.num_slots)) for i in range(count)]
             tier = RedisTier(
-                memory, url, namespace=f"bench{tokens}", ttl_ms=600_000, workers=args.workers,
-                checksum=args.checksum, secret=b"benchmark-secret-0123" if args.secret else None,
+                memory,
+                url,
+                namespace=f"bench{tokens}",
+                ttl_ms=600_000,
+                workers=args.workers,
+                checksum=args.checksum,
+                secret=b"benchmark-secret-0123" if args.secret else None,
             )
             ratios: dict[str, list[float]] = {"put": [], "get": []}
             gbps: dict[str, list[float]] = {
-                f"{loop}{op}": [] for loop in ("", "raw ", "redis-py ", "socket ")
+                f"{loop}{op}": []
+                for loop in ("", "raw ", "redis-py ", "socket ")
                 for op in ("put", "get")
             }
             for r in range(args.rounds):
@@ -313,7 +352,8 @@ def main() -> None:
                 our_put, our_get = ours(tier, keys, args.job)
                 total = count * nbytes
                 for name, py, sock, our in (
-                    ("put", py_put, sock_put, our_put), ("get", py_get, sock_get, our_get)
+                    ("put", py_put, sock_put, our_put),
+                    ("get", py_get, sock_get, our_get),
                 ):
                     raw = min(py, sock)  # the best raw loop of this round is the ceiling
                     ratios[name].append(raw / our)
@@ -323,43 +363,64 @@ def main() -> None:
                     gbps[f"socket {name}"].append(total / sock / 1e9)
             tier.close()
             client.flushdb()
-            own = redis_benchmark(int(url.rsplit(":", 1)[1].split("/")[0]), nbytes,
-                                  max(64, count // 4)) if proc is not None else {}
+            own = (
+                redis_benchmark(
+                    int(url.rsplit(":", 1)[1].split("/")[0]), nbytes, max(64, count // 4)
+                )
+                if proc is not None
+                else {}
+            )
             for name in ("put", "get"):
                 q = statistics.quantiles(ratios[name], n=4) if len(ratios[name]) > 1 else [0, 0, 0]
-                rows.append({
-                    "tokens": tokens, "record_bytes": nbytes, "blocks": count, "op": name,
-                    "ours_gbps": statistics.median(gbps[name]),
-                    "ceiling_gbps": statistics.median(gbps[f"raw {name}"]),
-                    "redis_py_gbps": statistics.median(gbps[f"redis-py {name}"]),
-                    "socket_gbps": statistics.median(gbps[f"socket {name}"]),
-                    "ratio": statistics.median(ratios[name]),
-                    "ratio_iqr": [q[0], q[2]],
-                    "redis_benchmark_gbps": own.get("set" if name == "put" else "get"),
-                })
+                rows.append(
+                    {
+                        "tokens": tokens,
+                        "record_bytes": nbytes,
+                        "blocks": count,
+                        "op": name,
+                        "ours_gbps": statistics.median(gbps[name]),
+                        "ceiling_gbps": statistics.median(gbps[f"raw {name}"]),
+                        "redis_py_gbps": statistics.median(gbps[f"redis-py {name}"]),
+                        "socket_gbps": statistics.median(gbps[f"socket {name}"]),
+                        "ratio": statistics.median(ratios[name]),
+                        "ratio_iqr": [q[0], q[2]],
+                        "redis_benchmark_gbps": own.get("set" if name == "put" else "get"),
+                    }
+                )
     finally:
         client.close()
         if proc is not None:
             proc.kill()
             proc.wait()
             shutil.rmtree(workdir or "", ignore_errors=True)
-    meta = {"load_average": os.getloadavg(), "workers": args.workers, "job": args.job,
-            "checksum": "keyed blake2b" if args.secret else args.checksum, "layers": args.layers}
+    meta = {
+        "load_average": os.getloadavg(),
+        "workers": args.workers,
+        "job": args.job,
+        "checksum": "keyed blake2b" if args.secret else args.checksum,
+        "layers": args.layers,
+    }
     if args.json:
         print(json.dumps({"meta": meta, "rows": rows}, indent=2))
         return
     print(f"# {meta}")
-    print(f"{'tokens':>6} {'record':>9} {'op':>4} {'ours GB/s':>10} {'raw GB/s':>9} "
-          f"{'ratio':>6} {'IQR':>13} {'redis-py':>9} {'socket':>7} {'redis-benchmark':>16}")
+    print(
+        f"{'tokens':>6} {'record':>9} {'op':>4} {'ours GB/s':>10} {'raw GB/s':>9} "
+        f"{'ratio':>6} {'IQR':>13} {'redis-py':>9} {'socket':>7} {'redis-benchmark':>16}"
+    )
     for row in rows:
         rb = row["redis_benchmark_gbps"]
-        print(f"{row['tokens']:>6} {row['record_bytes'] >> 10:>7}Ki {row['op']:>4} "
-              f"{row['ours_gbps']:>10.2f} {row['ceiling_gbps']:>9.2f} {row['ratio']:>6.2f} "
-              f"{row['ratio_iqr'][0]:>6.2f}-{row['ratio_iqr'][1]:<6.2f} "
-              f"{row['redis_py_gbps']:>9.2f} {row['socket_gbps']:>7.2f} "
-              f"{'' if rb is None else f'{rb:.2f}':>16}")
-    print("# raw GB/s: the faster raw loop of each round (redis-py pipeline or bare socket), "
-          "on as many connections as the tier has workers; ratio: raw seconds / ours")
+        print(
+            f"{row['tokens']:>6} {row['record_bytes'] >> 10:>7}Ki {row['op']:>4} "
+            f"{row['ours_gbps']:>10.2f} {row['ceiling_gbps']:>9.2f} {row['ratio']:>6.2f} "
+            f"{row['ratio_iqr'][0]:>6.2f}-{row['ratio_iqr'][1]:<6.2f} "
+            f"{row['redis_py_gbps']:>9.2f} {row['socket_gbps']:>7.2f} "
+            f"{'' if rb is None else f'{rb:.2f}':>16}"
+        )
+    print(
+        "# raw GB/s: the faster raw loop of each round (redis-py pipeline or bare socket), "
+        "on as many connections as the tier has workers; ratio: raw seconds / ours"
+    )
 
 
 if __name__ == "__main__":

@@ -91,8 +91,18 @@ class RedisProcess:
     def start(self) -> RedisProcess:
         self.proc = subprocess.Popen(
             [
-                "redis-server", "--port", str(self.port), "--bind", "127.0.0.1",
-                "--dir", str(self.dir), "--save", "", "--appendonly", "no", *self.extra,
+                "redis-server",
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--dir",
+                str(self.dir),
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                *self.extra,
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -118,9 +128,12 @@ class RedisClusterProcesses:
         self.nodes = [
             RedisProcess(
                 None,
-                "--cluster-enabled", "yes",
-                "--cluster-node-timeout", "1000",
-                "--cluster-require-full-coverage", "no",
+                "--cluster-enabled",
+                "yes",
+                "--cluster-node-timeout",
+                "1000",
+                "--cluster-require-full-coverage",
+                "no",
                 cluster=True,
             )
             for _ in range(3)
@@ -133,9 +146,18 @@ class RedisClusterProcesses:
             node.start()
         addresses = [f"127.0.0.1:{node.port}" for node in self.nodes]
         subprocess.run(
-            ["redis-cli", "--cluster", "create", *addresses, "--cluster-replicas", "0",
-             "--cluster-yes"],
-            capture_output=True, timeout=30, check=True,
+            [
+                "redis-cli",
+                "--cluster",
+                "create",
+                *addresses,
+                "--cluster-replicas",
+                "0",
+                "--cluster-yes",
+            ],
+            capture_output=True,
+            timeout=30,
+            check=True,
         )
         deadline = time.monotonic() + 15
         while time.monotonic() < deadline:

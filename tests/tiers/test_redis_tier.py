@@ -333,8 +333,15 @@ def test_server_killed_mid_pipeline_and_restarted() -> None:
     port = server.port
     try:
         tiers = [
-            RedisTier(BytearraySlotMemory(64 * 1024, 16), server.url, namespace="t",
-                      backoff_s=0.05, max_backoff_s=0.2, op_timeout_s=0.5, lookup="sync")
+            RedisTier(
+                BytearraySlotMemory(64 * 1024, 16),
+                server.url,
+                namespace="t",
+                backoff_s=0.05,
+                max_backoff_s=0.2,
+                op_timeout_s=0.5,
+                lookup="sync",
+            )
             for _ in range(2)
         ]
         keys = fresh_keys(16)
@@ -381,8 +388,7 @@ def test_cluster_node_stopped_misses_its_keys_and_the_others_keep_working() -> N
         assert wait(tier)[0].all_ok
         stopped = cluster.nodes[1]
         on_stopped = {
-            k for k in keys
-            if tier._client.get_node_from_key(tier._name(k)).port == stopped.port
+            k for k in keys if tier._client.get_node_from_key(tier._name(k)).port == stopped.port
         }
         assert 0 < len(on_stopped) < len(keys)
         stopped.kill()
@@ -438,7 +444,9 @@ def test_two_processes_share_one_server(standalone_url: str, tmp_path: Path) -> 
     env = {**os.environ, "PYTHONPATH": SRC}
     subprocess.run(
         [sys.executable, "-c", writer, *(k.hex() for k in keys[:8])],
-        env=env, check=True, timeout=60,
+        env=env,
+        check=True,
+        timeout=60,
     )
     memory = BytearraySlotMemory(SLOT, 12)
     reader = RedisTier(
@@ -486,13 +494,50 @@ def _make_tls_files(directory: Path) -> dict[str, Path]:
     def run(*args: str) -> None:
         subprocess.run(["openssl", *args], check=True, capture_output=True, timeout=60)
 
-    run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=test-ca",
-        "-keyout", str(files["ca.key"]), "-out", str(files["ca.crt"]))
-    run("req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=127.0.0.1",
-        "-keyout", str(files["srv.key"]), "-out", str(files["srv.csr"]))
-    run("x509", "-req", "-in", str(files["srv.csr"]), "-CA", str(files["ca.crt"]),
-        "-CAkey", str(files["ca.key"]), "-CAcreateserial", "-days", "1",
-        "-extfile", str(ext), "-out", str(files["srv.crt"]))
+    run(
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-days",
+        "1",
+        "-subj",
+        "/CN=test-ca",
+        "-keyout",
+        str(files["ca.key"]),
+        "-out",
+        str(files["ca.crt"]),
+    )
+    run(
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-subj",
+        "/CN=127.0.0.1",
+        "-keyout",
+        str(files["srv.key"]),
+        "-out",
+        str(files["srv.csr"]),
+    )
+    run(
+        "x509",
+        "-req",
+        "-in",
+        str(files["srv.csr"]),
+        "-CA",
+        str(files["ca.crt"]),
+        "-CAkey",
+        str(files["ca.key"]),
+        "-CAcreateserial",
+        "-days",
+        "1",
+        "-extfile",
+        str(ext),
+        "-out",
+        str(files["srv.crt"]),
+    )
     return files
 
 
@@ -504,19 +549,34 @@ def test_tls_with_a_ca_file(tmp_path: Path) -> None:
     files = _make_tls_files(tmp_path)
     server = RedisProcess(
         None,
-        "--tls-cert-file", str(files["srv.crt"]),
-        "--tls-key-file", str(files["srv.key"]),
-        "--tls-ca-cert-file", str(files["ca.crt"]),
-        "--tls-auth-clients", "no",
+        "--tls-cert-file",
+        str(files["srv.crt"]),
+        "--tls-key-file",
+        str(files["srv.key"]),
+        "--tls-ca-cert-file",
+        str(files["ca.crt"]),
+        "--tls-auth-clients",
+        "no",
     )
     server.extra = (*server.extra, "--tls-port", str(server.port))
     tls_port = server.port
     server.port = 0  # plain TCP off: TLS only
     try:
         server.proc = subprocess.Popen(
-            ["redis-server", "--port", "0", "--bind", "127.0.0.1", "--dir", str(server.dir),
-             "--save", "", *server.extra],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            [
+                "redis-server",
+                "--port",
+                "0",
+                "--bind",
+                "127.0.0.1",
+                "--dir",
+                str(server.dir),
+                "--save",
+                "",
+                *server.extra,
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
         )
         url = f"rediss://127.0.0.1:{tls_port}/0"
         memory = BytearraySlotMemory(SLOT, 2)
@@ -565,8 +625,12 @@ def test_the_tier_conformance_suite(mode: str, request: pytest.FixtureRequest) -
 
     def make(memory: BytearraySlotMemory, records: int) -> RedisTier:
         tier = RedisTier(
-            memory, url, cluster=mode == "cluster", prefix=f"conf-{uuid.uuid4().hex[:12]}",
-            namespace="conformance", lookup="sync",
+            memory,
+            url,
+            cluster=mode == "cluster",
+            prefix=f"conf-{uuid.uuid4().hex[:12]}",
+            namespace="conformance",
+            lookup="sync",
         )
         made.append(tier)
         return tier

@@ -121,8 +121,14 @@ class RecordCodec:
         signed = self.secret is not None
         alg = self.alg_id
         fixed = _FIXED.pack(
-            MAGIC, FORMAT_VERSION, FLAG_SIGNED if signed else 0, alg, 0,
-            len(self.namespace), len(key), len(payload),
+            MAGIC,
+            FORMAT_VERSION,
+            FLAG_SIGNED if signed else 0,
+            alg,
+            0,
+            len(self.namespace),
+            len(key),
+            len(payload),
         )
         hasher = self._hasher(alg, signed)
         hasher.update(fixed)
@@ -131,9 +137,7 @@ class RecordCodec:
         hasher.update(payload)
         return b"".join((fixed, self.namespace, key, hasher.digest().ljust(DIGEST_BYTES, b"\0")))
 
-    def encode_into(
-        self, out: bytearray, key: bytes, payload: memoryview | bytes
-    ) -> memoryview:
+    def encode_into(self, out: bytearray, key: bytes, payload: memoryview | bytes) -> memoryview:
         """Write the record into ``out`` (reused across calls: no allocation per record).
 
         Returns the view of ``out`` that holds the record; ``out`` must stay untouched until

@@ -381,8 +381,13 @@ class RedisTier(Tier):
             backoff = self._backoff.get(node, self.backoff_s)
             self._down_until[node] = time.monotonic() + backoff
             self._backoff[node] = min(backoff * 2, self.max_backoff_s)
-        logger.warning("redis tier %s: %s unavailable (%s); backing off for %.2f s",
-                       self._redacted(), node or "server", exc, backoff)
+        logger.warning(
+            "redis tier %s: %s unavailable (%s); backing off for %.2f s",
+            self._redacted(),
+            node or "server",
+            exc,
+            backoff,
+        )
 
     def _note_success(self, node: str | None = None) -> None:
         if node in self._down_until:
@@ -445,9 +450,7 @@ class RedisTier(Tier):
                     continue  # no verdict: the key reads MISS until asked again
                 self._remember(key, Presence.HIT if answer else Presence.MISS, now)
 
-    def _pipelined(
-        self, names: Sequence[bytes], add: Callable[[Any, bytes], object]
-    ) -> list[Any]:
+    def _pipelined(self, names: Sequence[bytes], add: Callable[[Any, bytes], object]) -> list[Any]:
         """One answer per name (an exception object for a failed command), never raising.
 
         On a cluster the commands are grouped by node and each node gets its own pipeline, so
@@ -676,8 +679,11 @@ class RedisTier(Tier):
                 answers = self._direct_exchange(
                     len(piece),
                     functools.partial(
-                        self._send_records, names=names, keys=[keys[i] for i in piece],
-                        slots=[slots[i] for i in piece], px=px,
+                        self._send_records,
+                        names=names,
+                        keys=[keys[i] for i in piece],
+                        slots=[slots[i] for i in piece],
+                        px=px,
                     ),
                 )
             else:
@@ -816,8 +822,11 @@ class RedisTier(Tier):
                 outcomes = self._direct_exchange(
                     len(piece),
                     functools.partial(
-                        self._fetch_records, names=names, keys=[keys[i] for i in piece],
-                        slots=[slots[i] for i in piece], px=px,
+                        self._fetch_records,
+                        names=names,
+                        keys=[keys[i] for i in piece],
+                        slots=[slots[i] for i in piece],
+                        px=px,
                     ),
                 )
             else:
