@@ -132,3 +132,21 @@ def test_settle_restored_drops_pending_and_unpins_loaded() -> None:
     assert restored.get(int_key(0)) is None
     victims = restored.evict(2, ())
     assert victims is not None and {k for k, _ in victims} == {int_key(1), int_key(2)}
+
+
+def test_a_logged_context_keeps_its_hints_and_drops_its_request_state() -> None:
+    policy = create_cache_policy("auto", 64)
+    ctx = ReqContext(req_id="r1", timestamp=5.0, kv_transfer_params={"engine": "x"})
+    ctx.set_state(object())  # the live request's state: not the policy's to save
+    policy.touch([int_key(1)], ctx)
+    data = export_policy_state(policy)
+    restored = restore_policy_state(data)
+    [(keys, copy)] = [entry for entry in restored._log if entry[1] is not None]  # type: ignore[attr-defined]
+    assert keys == (int_key(1),) and copy.req_id == "r1" and copy.timestamp == 5.0
+    assert copy.kv_transfer_params is None and copy.get_state(object) is None
+    doc = json.loads(data)
+    for entry in doc["objects"]:
+        if entry.get("o") == "kvoffload.context:ReqContext":
+            entry["a"]["_state"] = None
+    with pytest.raises(ValueError, match="may not carry _state"):
+        restore_policy_state(json.dumps(doc))

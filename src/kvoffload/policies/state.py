@@ -29,9 +29,10 @@ import random
 import re
 import time
 from collections import OrderedDict, deque
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from typing import Any
 
+from kvoffload.context import ReqContext
 from kvoffload.policies.base import CachePolicy
 
 FORMAT = "kvoffload.policy-state"
@@ -47,6 +48,14 @@ _FUNCTIONS: dict[str, Any] = {
     "time.perf_counter": time.perf_counter,
 }
 _FUNCTION_NAMES = {id(fn): name for name, fn in _FUNCTIONS.items()}
+#: The one class outside the policies a state may hold: request contexts a policy logged
+#: (``auto``'s recent accesses). Their hints are kept; their per-request state and the
+#: engine's transfer params are not (they belong to the live request, not to the policy).
+_CONTEXT_CLASS = f"{ReqContext.__module__}:{ReqContext.__qualname__}"
+_CONTEXT_DROPPED: dict[str, Callable[[], object]] = {
+    "_state": dict,
+    "kv_transfer_params": lambda: None,
+}
 
 
 def _slot_names(cls: type) -> list[str]:
@@ -99,7 +108,7 @@ class _Encoder:
         if function is not None:
             return {"fn": function}
         module = getattr(kind, "__module__", "")
-        if _trusted(module, self.allowed) and "<" not in kind.__qualname__:
+        if kind is ReqContext or (_trusted(module, self.allowed) and "<" not in kind.__qualname__):
             return self.ref(v)
         raise TypeError(
             f"cannot encode a {module}.{kind.__qualname__} in a policy state (only built-in "
@@ -127,6 +136,8 @@ class _Encoder:
             if value is not _MISSING:
                 attrs[name] = self.value(value)
         for name, value in getattr(obj, "__dict__", {}).items():
+            if kind is ReqContext and name in _CONTEXT_DROPPED:
+                continue
             attrs[name] = self.value(value)
         return {"o": f"{kind.__module__}:{kind.__qualname__}", "a": attrs}
 
@@ -159,6 +170,8 @@ class _Decoder:
     def resolve_class(self, target: object) -> type:
         if not isinstance(target, str) or target.count(":") != 1:
             raise ValueError(f"policy state: bad class name {target!r}")
+        if target == _CONTEXT_CLASS:
+            return ReqContext
         module, qualname = target.split(":")
         if not _MODULE_NAME.match(module) or not _QUALNAME.match(qualname):
             raise ValueError(f"policy state: bad class name {target!r}")
@@ -246,6 +259,11 @@ class _Decoder:
                     raise ValueError("policy state: an object entry needs an 'a' mapping")
                 for name, value in attrs.items():
                     object.__setattr__(obj, name, self.value(value))
+                if type(obj) is ReqContext:
+                    for name, make in _CONTEXT_DROPPED.items():
+                        if name in attrs:
+                            raise ValueError(f"policy state: a context may not carry {name}")
+                        object.__setattr__(obj, name, make())
 
 
 def restore_policy_state(
