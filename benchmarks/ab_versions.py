@@ -5,7 +5,7 @@ this one), and alternates replays of the shared trace through each: the call seq
 ``compare_vllm.py`` (``prefix``: lookups, load of the hit prefix, store of the rest) and the
 simulator's ``blocks`` mode (each version's own ``kvoffload.sim.replay.replay``). Prints each
 version's median ns per block and the median of the per-pair ratios new / base (< 1: this
-tree is faster), and checks that both versions' hit counts are equal.
+tree is faster; pairs run in ABBA order), and checks that both versions' hit counts are equal.
 
     git archive HEAD~3 src | tar -x -C /tmp/base
     python benchmarks/ab_versions.py --base-src /tmp/base/src --policies lru,arc --runs 7
@@ -14,6 +14,7 @@ tree is faster), and checks that both versions' hit counts are equal.
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib
 import statistics
 import sys
@@ -121,9 +122,14 @@ def main() -> int:
         for mode in ("prefix", "blocks"):
             ns: dict[str, list[float]] = {"base": [], "new": []}
             hits: dict[str, set[int]] = {"base": set(), "new": set()}
-            for _ in range(args.runs):
-                for tag, mods in versions.items():
+            for run in range(args.runs):
+                # ABBA order: whichever version runs second in a pair meets a warmer (or a
+                # more fragmented) heap, so the order alternates; a collection before each
+                # replay starts both from the same garbage.
+                order = list(versions.items()) if run % 2 == 0 else list(versions.items())[::-1]
+                for tag, mods in order:
                     activate(mods)
+                    gc.collect()
                     if mode == "prefix":
                         h, t = prefix_replay(mods, policy, capacity, reqs)
                     else:

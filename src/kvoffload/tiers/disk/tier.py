@@ -80,6 +80,7 @@ _FREE_SPACE_REFRESH_S = 0.25
 _ZERO_FIELDS = memoryview(bytes(HEADER_BYTES - STAMP_BYTES))  # a header page after its stamp
 _MAX_RUN = 256  # records per vectored call (two buffers each, under IOV_MAX = 1024)
 _MIN_PUT_TASK_BYTES = 4 << 20  # a put job is not split into tasks smaller than this
+_MIN_GET_TASK_BYTES = 1 << 20  # nor a get job below this (jobs in flight keep threads busy)
 
 
 def _check_int(name: str, value: object, minimum: int) -> int:
@@ -368,7 +369,7 @@ class DiskTier(Tier):
             if hit_keys:
                 self._index.policy.touch(reversed(hit_keys))
             job.remaining = len(tasks)
-            for chunk in self._chunks(tasks, 0):
+            for chunk in self._chunks(tasks, _MIN_GET_TASK_BYTES):
                 self._pool.submit(self._run_get, job, chunk)
             return self._maybe_finish(job)
 
@@ -556,10 +557,13 @@ class DiskTier(Tier):
 
         Adjacent slots go to the file in one vectored call. A job is cut into at most about
         ``io_threads`` tasks so one large batch still uses every thread, but no task is cut
-        below ``min_bytes``. Puts use :data:`_MIN_PUT_TASK_BYTES`: each task costs a thread
-        hand-off, a lock round and its own write call, which small blocks cannot amortise,
-        and writes into one file serialise in the kernel anyway; reads of the page cache do
-        run in parallel, so gets keep the finer split.
+        below ``min_bytes``. Each task costs a thread hand-off, a lock round and its own
+        system call, which small blocks cannot amortise. Puts use
+        :data:`_MIN_PUT_TASK_BYTES` (writes into one file serialise in the kernel anyway);
+        gets use the smaller :data:`_MIN_GET_TASK_BYTES` (reads of the page cache do run in
+        parallel, and other jobs in flight keep the threads busy): cutting a job of 16
+        blocks of 64 KiB into four 256 KiB reads held loads at 0.37 of a plain read on 2 cores,
+        one 1 MiB read per job reached 0.63 (``benchmarks/disk_tier_bandwidth.py``).
         """
         if not items:
             return []
