@@ -189,3 +189,35 @@ def test_a_put_job_is_split_into_tasks_of_at_least_4_mib(
     assert _run(tier, tier.submit_put(keys, list(range(n)))).all_ok
     tier.close()
     assert len(files.sizes) == calls and sum(files.sizes) == n * (HEADER_BYTES + slot)
+
+
+class CountReads(FileLayer):
+    """Counts read calls and their sizes (the reads of one job, once armed)."""
+
+    def __init__(self) -> None:
+        self.armed = False
+        self.sizes: list[int] = []
+
+    def preadv(self, fd: int, buffers: Sequence[memoryview], offset: int) -> int:
+        if self.armed:
+            self.sizes.append(sum(b.nbytes for b in buffers))
+        return super().preadv(fd, buffers, offset)
+
+
+@pytest.mark.parametrize(("slot", "n", "calls"), [(64 * 1024, 16, 1), (1 << 20, 8, 4)])
+def test_a_get_job_is_split_into_tasks_of_at_least_1_mib(
+    tmp_path: Path, slot: int, n: int, calls: int
+) -> None:
+    """16 records of 64 KiB: one 1.06 MiB read; 8 of 1 MiB: one task per thread (4 x 2)."""
+    memory = BytearraySlotMemory(slot, 2 * n)
+    for b in range(n):
+        memory.slot_view(b)[:4] = b.to_bytes(4, "little")
+    files = CountReads()
+    tier = DiskTier(memory, tmp_path, n * (HEADER_BYTES + slot), files=files, io_threads=4)
+    keys = [conformance_key(i) for i in range(n)]
+    assert _run(tier, tier.submit_put(keys, list(range(n)))).all_ok
+    files.armed = True
+    assert _run(tier, tier.submit_get(keys, list(range(n, 2 * n)))).all_ok
+    tier.close()
+    assert len(files.sizes) == calls and sum(files.sizes) == n * (HEADER_BYTES + slot)
+    assert all(bytes(memory.slot_view(n + b)) == bytes(memory.slot_view(b)) for b in range(n))
