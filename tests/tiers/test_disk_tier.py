@@ -335,3 +335,87 @@ def test_random_concurrent_jobs_never_serve_wrong_bytes_or_exceed_the_budget(
         assert stats["used_bytes"] <= stats["capacity_bytes"] and stats["records"] <= 6
     assert tier.stats()["get_hits"] > 0 and tier.stats()["evictions"] > 0
     tier.close()
+
+
+def _fill_then_reuse_the_oldest(path: Path, memory: BytearraySlotMemory, policy: str) -> None:
+    """8 records written 0..7, then 0..3 read again: LRU-wise 4..7 are now the oldest."""
+    tier = _tier(memory, path, 8, policy=policy)
+    assert _wait(tier, tier.submit_put([_key(i) for i in range(8)], [0] * 8)).all_ok  # type: ignore[attr-defined]
+    for i in range(4):
+        assert _wait(tier, tier.submit_get([_key(i)], [1])).all_ok  # type: ignore[attr-defined]
+    tier.close()
+
+
+def _victims_of_four_new_records(tier: DiskTier) -> set[bytes]:
+    put = _wait(tier, tier.submit_put([_key(100 + i) for i in range(4)], [0] * 4))
+    assert put.all_ok  # type: ignore[attr-defined]
+    return set(put.evicted)  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("policy", ["lru", "arc", "s3fifo"])
+def test_a_clean_restart_resumes_the_policys_decisions(tmp_path: Path, policy: str) -> None:
+    memory = BytearraySlotMemory(512, 2)
+    _fill_then_reuse_the_oldest(tmp_path / "restarted", memory, policy)
+    restarted = _tier(memory, tmp_path / "restarted", 8, policy=policy)
+    assert restarted.stats()["policy_state_restored"] == 1
+    assert not list((tmp_path / "restarted").rglob("policy-*.json"))  # consumed at start
+    # the same calls on a tier that never restarted choose the same victims
+    never = _tier(memory, tmp_path / "never", 8, policy=policy)
+    assert _wait(never, never.submit_put([_key(i) for i in range(8)], [0] * 8)).all_ok  # type: ignore[attr-defined]
+    for i in range(4):
+        assert _wait(never, never.submit_get([_key(i)], [1])).all_ok  # type: ignore[attr-defined]
+    assert _victims_of_four_new_records(restarted) == _victims_of_four_new_records(never)
+    restarted.close()
+    never.close()
+
+
+def test_without_the_saved_state_a_restart_is_oldest_first(tmp_path: Path) -> None:
+    """The check above can fail: the scan alone seeds by write time and evicts 0..3."""
+    memory = BytearraySlotMemory(512, 2)
+    _fill_then_reuse_the_oldest(tmp_path, memory, "lru")
+    for saved in tmp_path.rglob("policy-*.json"):
+        saved.unlink()
+    cold = _tier(memory, tmp_path, 8)
+    assert cold.stats()["policy_state_restored"] == 0
+    assert _victims_of_four_new_records(cold) == {_key(i) for i in range(4)}
+    cold.close()
+
+
+@pytest.mark.parametrize("damage", ["garbage", "other_policy", "other_budget", "foreign_class"])
+def test_a_saved_state_that_does_not_fit_is_ignored_and_counted(
+    tmp_path: Path, damage: str
+) -> None:
+    memory = BytearraySlotMemory(512, 2)
+    _fill_then_reuse_the_oldest(tmp_path, memory, "lru")
+    (saved,) = tmp_path.rglob("policy-*.json")
+    if damage == "garbage":
+        saved.write_bytes(b"\x00not json")
+    elif damage == "foreign_class":
+        saved.write_text(saved.read_text().replace("kvoffload.policies.lru", "os"))
+    policy = "fifo" if damage == "other_policy" else "lru"
+    records = 9 if damage == "other_budget" else 8
+    tier = _tier(memory, tmp_path, records, policy=policy)
+    stats = tier.stats()
+    assert stats["policy_state_ignored"] == 1 and stats["policy_state_restored"] == 0
+    assert stats["records"] == 8  # the records themselves are all served
+    for i in range(8):
+        assert _wait(tier, tier.submit_get([_key(i)], [1])).all_ok  # type: ignore[attr-defined]
+    tier.close()
+
+
+def test_a_saved_state_is_reconciled_with_the_records_found(tmp_path: Path) -> None:
+    """A record lost since the close leaves the policy; nothing unknown is ever served."""
+    memory = BytearraySlotMemory(512, 2)
+    _fill_then_reuse_the_oldest(tmp_path, memory, "lru")
+    (arena,) = tmp_path.rglob("*.kv")
+    with arena.open("r+b") as f:  # destroy slot 0's header (record 0)
+        f.seek(STAMP_BYTES)
+        f.write(b"\xff" * 64)
+    tier = _tier(memory, tmp_path, 8)
+    assert tier.stats()["policy_state_restored"] == 1
+    assert tier.stats()["records"] == 7
+    assert not _wait(tier, tier.submit_get([_key(0)], [1])).all_ok  # type: ignore[attr-defined]
+    # LRU order kept for the rest: 4..7 are still the oldest
+    put = _wait(tier, tier.submit_put([_key(100 + i) for i in range(5)], [0] * 5))
+    assert set(put.evicted) == {_key(i) for i in range(4, 8)}  # type: ignore[attr-defined]
+    tier.close()

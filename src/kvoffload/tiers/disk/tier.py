@@ -27,6 +27,14 @@ under a committed header cannot arise, and the checksums catch it anyway. Format
 more write per record (old header zeroed with the payload, then each header on its own); on
 this project's build machine (ext4) a 4 KiB write cost 7-17 us, a third to a half of a whole
 64 KiB write, and each is also a GIL hand-off for the I/O thread.
+
+Warm decisions: a clean ``close`` saves the eviction policy's state (order, frequencies,
+ghosts; ``kvoffload.policies.state``, no pickle) beside the arena as ``policy-<slot
+bytes>.v2.json``. The next start reads it after the scan, reconciles it with the records it
+found and consumes it, so a restarted host evicts what the running one would have, not
+oldest-written first. A state of another policy or budget, or one that does not decode, is
+ignored and counted (``policy_state_ignored``); after a crash there is none and the scan's
+oldest-first seeding stands.
 """
 
 from __future__ import annotations
@@ -45,6 +53,7 @@ from dataclasses import dataclass, field
 
 from kvoffload.keys import OffloadKey
 from kvoffload.policies import create_cache_policy
+from kvoffload.policies.state import export_policy_state, restore_policy_state
 from kvoffload.tiers.base import (
     JobKind,
     Medium,
@@ -212,6 +221,10 @@ class DiskTier(Tier):
         )
         # format 1 arenas (no version in the name) are refused: neither read nor touched
         self.legacy_arena_path = os.path.join(self.directory, f"arena-{memory.slot_bytes}.kv")
+        # the policy's state at the last clean close (order, frequencies, ghosts)
+        self.policy_state_path = os.path.join(
+            self.directory, f"policy-{memory.slot_bytes}.v{FORMAT_VERSION}.json"
+        )
         max_slots = self.capacity_bytes // self.record_bytes
         policy_obj = create_cache_policy(
             policy, max_slots, module_path=policy_module_path, params=dict(policy_params or {})
@@ -249,6 +262,9 @@ class DiskTier(Tier):
                 "scan_seconds",
                 "erase_errors",
                 "legacy_arena_bytes",
+                "policy_state_restored",
+                "policy_state_ignored",
+                "policy_state_errors",
             ),
             0.0,
         )
@@ -457,6 +473,60 @@ class DiskTier(Tier):
         self.drain(timeout)
         self._pool.shutdown(wait=True)
         self.files.close(self._fd)
+        self._save_policy_state()
+
+    def _save_policy_state(self) -> None:
+        """Write the policy's state beside the arena (temporary name, then rename), so the
+        next start resumes its decisions; a failure is counted, never raised at close."""
+        tmp = self.policy_state_path + ".tmp"
+        try:
+            with self._lock:
+                data = export_policy_state(self._index.policy) if len(self._index) else None
+            if data is None:
+                return
+            with open(tmp, "wb") as out:
+                out.write(data)
+                if self.durability == "fsync":
+                    out.flush()
+                    os.fsync(out.fileno())
+            os.replace(tmp, self.policy_state_path)
+            if self.durability == "fsync":
+                self.files.fsync_dir(self.directory)
+        except Exception:  # an out-of-tree policy may not export; the disk, not be writable
+            self._stats["policy_state_errors"] += 1
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+
+    def _load_policy_state(self) -> None:
+        """After the scan: adopt the state saved at the last clean close, if it is this
+        policy's at this capacity (else the scan's oldest-first seeding stays). The file is
+        consumed, so a later crash restarts from the scan, never from a stale order."""
+        try:
+            with open(self.policy_state_path, "rb") as saved:
+                data = saved.read()
+        except FileNotFoundError:
+            return
+        except OSError:
+            self._stats["policy_state_errors"] += 1
+            return
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(self.policy_state_path)
+        current = self._index.policy
+        try:
+            restored = restore_policy_state(data)
+        except (ValueError, TypeError, RecursionError):
+            self._stats["policy_state_ignored"] += 1
+            return
+        if (
+            type(restored) is not type(current)
+            or restored.cache_capacity != current.cache_capacity
+            or restored.block_table is None
+        ):
+            self._stats["policy_state_ignored"] += 1  # another policy, budget or block size
+            return
+        self._index.adopt_policy(restored)
+        self._stats["policy_state_restored"] = 1.0
 
     # ----------------------------------------------------------------- helpers
 
@@ -840,6 +910,7 @@ class DiskTier(Tier):
                 self._index.add_ready(key, arena_slot, self.record_bytes, written_ns)
             self._index.set_high_water(slots, free)
             self._stats["scanned_records"] = float(len(found))
+            self._load_policy_state()
             over = self._index.make_room(0, self._effective_limit(), ())
             self._stats["evictions"] += len(over or ())
             self._stats["scan_seconds"] = time.perf_counter() - t0
