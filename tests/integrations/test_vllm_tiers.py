@@ -39,8 +39,16 @@ def redis_tier_config(url: str, **extra: object) -> dict[str, object]:
     return {"type": "KVOffloadRedisTier", "module_path": MODULE, "url": url, **extra}
 
 
+#: Tests that count exact hits give each existence check a deadline far above any stall of
+#: this machine: at the default 50 ms a check answered late is a miss by design (tested in
+#: ``test_unknown_answers_are_retry_then_miss_never_forever``), which cut a 6-block prefix
+#: to 5 twice in CI runs.
+PATIENT = {"lookup_deadline_ms": 5000.0}
+
+
 def test_stores_cascade_to_redis_and_promote_back_byte_exact(redis_url: str) -> None:
-    driver = VllmTieringDriver(tiering_spec([redis_tier_config(redis_url)], num_chunks=8))
+    config = redis_tier_config(redis_url, **PATIENT)
+    driver = VllmTieringDriver(tiering_spec([config], num_chunks=8))
     try:
         tier = driver.manager.secondary_tiers[0]
         assert isinstance(tier, vllm_tiers.KVOffloadRedisTier)
@@ -51,7 +59,8 @@ def test_stores_cascade_to_redis_and_promote_back_byte_exact(redis_url: str) -> 
         for _ in range(3):  # other prompts push the first one out of the 8-chunk CPU tier
             driver.request(keys_for(6))
             driver.settle()
-        assert driver.request(first) == 6  # promoted from Redis, then loaded from the CPU tier
+        hits = driver.request(first)  # promoted from Redis, then loaded from the CPU tier
+        assert hits == 6, (driver.counts, tier.tier.stats())
         assert driver.counts.bad_bytes == 0
         assert driver.counts.loaded_bytes == 6 * driver.block_bytes
         assert tier.tier.stats()["hits"] == 6
@@ -63,12 +72,14 @@ def test_stores_cascade_to_redis_and_promote_back_byte_exact(redis_url: str) -> 
 def test_two_vllm_managers_share_one_redis(redis_url: str) -> None:
     tag = uuid.uuid4().bytes
     shared = keys_for(10, tag)
-    a = VllmTieringDriver(tiering_spec([redis_tier_config(redis_url)], 16, engine_id="a"))
-    b = VllmTieringDriver(tiering_spec([redis_tier_config(redis_url)], 16, engine_id="b"))
+    config = redis_tier_config(redis_url, **PATIENT)
+    a = VllmTieringDriver(tiering_spec([config], 16, engine_id="a"))
+    b = VllmTieringDriver(tiering_spec([config], 16, engine_id="b"))
     try:
         assert a.request(shared) == 0
         a.settle()
-        assert b.request(shared) == 10  # b never computed these: all from a's stores
+        hits = b.request(shared)  # b never computed these: all from a's stores
+        assert hits == 10, (b.counts, b.our_tiers()[0].stats())
         assert b.counts.bad_bytes == 0
         assert b.counts.loaded_bytes == 10 * b.block_bytes
     finally:
