@@ -419,3 +419,17 @@ def test_a_saved_state_is_reconciled_with_the_records_found(tmp_path: Path) -> N
     put = _wait(tier, tier.submit_put([_key(100 + i) for i in range(5)], [0] * 5))
     assert set(put.evicted) == {_key(i) for i in range(4, 8)}  # type: ignore[attr-defined]
     tier.close()
+
+
+def test_save_policy_state_false_leaves_no_state_and_restarts_oldest_first(tmp_path: Path) -> None:
+    memory = BytearraySlotMemory(512, 2)
+    tier = _tier(memory, tmp_path, 8, save_policy_state=False)
+    assert _wait(tier, tier.submit_put([_key(i) for i in range(8)], [0] * 8)).all_ok  # type: ignore[attr-defined]
+    for i in range(4):
+        assert _wait(tier, tier.submit_get([_key(i)], [1])).all_ok  # type: ignore[attr-defined]
+    tier.close()
+    assert not list(tmp_path.rglob("policy-*.json"))
+    cold = _tier(memory, tmp_path, 8)
+    assert cold.stats()["policy_state_restored"] == 0
+    assert _victims_of_four_new_records(cold) == {_key(i) for i in range(4)}
+    cold.close()

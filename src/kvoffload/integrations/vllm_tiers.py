@@ -443,9 +443,10 @@ class KVOffloadDiskTier(_KVOffloadSecondaryTier):
     ``policy``: any kvoffload policy name, default ``lru``) and ``cache_policy_module_path``
     (``policy_module_path``). Every other :class:`~kvoffload.tiers.disk.DiskTier` parameter
     is accepted by its name (``durability``, ``min_free_bytes``, ``io_threads``,
-    ``checksum``, ``verify_on_scan``, ``policy_params``, ``namespace``); ``namespace`` defaults
-    to a fingerprint of vLLM's model, dtype, block geometry and (unless the layout is
-    parallelism-agnostic) TP/PP rank, so engines of other models never read these records.
+    ``checksum``, ``verify_on_scan``, ``save_policy_state``, ``policy_params``, ``namespace``);
+    ``namespace`` defaults to a fingerprint of vLLM's model, dtype, block geometry and (unless
+    the layout is parallelism-agnostic) TP/PP rank, so engines of other models never read
+    these records.
     Adapter keys: ``enable_kv_events`` (vLLM's, default False), ``failed_load_ttl_s``.
     """
 

@@ -170,6 +170,8 @@ class DiskTier(Tier):
         checksum: ``"auto"`` (xxh3 when installed, else crc32), ``"xxh3"`` or ``"crc32"``.
         verify_on_scan: also checksum every payload during the start-up scan (slower restart;
             reads verify anyway).
+        save_policy_state: at a clean ``close``, save the policy's state for the next start
+            (its time and size grow with the records held); a saved state is read either way.
         files: the file layer (tests swap in one that injects faults).
     """
 
@@ -190,6 +192,7 @@ class DiskTier(Tier):
         io_threads: int = 4,
         checksum: str = "auto",
         verify_on_scan: bool = False,
+        save_policy_state: bool = True,
         files: FileLayer | None = None,
     ) -> None:
         super().__init__(memory)
@@ -211,6 +214,7 @@ class DiskTier(Tier):
             raise ValueError(f"checksum {checksum!r} is not available in this environment")
         self._checksum_fn = fn
         self.verify_on_scan = bool(verify_on_scan)
+        self.save_policy_state = bool(save_policy_state)
         self.files = files if files is not None else FileLayer()
         self.namespace = namespace_digest(namespace)
         self.root = os.fspath(path)
@@ -478,6 +482,8 @@ class DiskTier(Tier):
     def _save_policy_state(self) -> None:
         """Write the policy's state beside the arena (temporary name, then rename), so the
         next start resumes its decisions; a failure is counted, never raised at close."""
+        if not self.save_policy_state:
+            return
         tmp = self.policy_state_path + ".tmp"
         try:
             with self._lock:
