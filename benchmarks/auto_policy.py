@@ -95,8 +95,8 @@ def _large_cost(requests: int, runs: int) -> None:
     """auto's and mq's time per block over lru's on a long generated workload (5%, 25%).
 
     Why: on the shared trace the shadows' 1,024-block floor lifts their sample far above
-    1% (at 5% they hold about half the cache), so that figure is mostly the shadows; a
-    production-sized cache shows what auto costs at the sample it is configured with.
+    1% (at 5% they hold about half the cache), so that figure prices near-full-size
+    shadows; a production-sized cache shows what auto costs at the sample it is configured with.
     """
     trace = generate_workload(WorkloadConfig(seed=1, requests=requests))
     for percent in (5, 25):

@@ -433,3 +433,8 @@ def test_save_policy_state_false_leaves_no_state_and_restarts_oldest_first(tmp_p
     assert cold.stats()["policy_state_restored"] == 0
     assert _victims_of_four_new_records(cold) == {_key(i) for i in range(4)}
     cold.close()
+
+
+def test_save_policy_state_must_be_a_bool(tmp_path: Path) -> None:
+    with pytest.raises(TypeError, match="save_policy_state must be True or False"):
+        _tier(BytearraySlotMemory(512, 2), tmp_path, 4, save_policy_state="no")

@@ -80,36 +80,32 @@ class DiskIndex:
         self.used_bytes += nbytes
         self.policy.insert(key, entry.status)
 
-    def adopt_policy(self, restored: CachePolicy) -> tuple[int, int]:
+    def adopt_policy(self, restored: CachePolicy) -> None:
         """Replace the policy by ``restored`` (a saved state of it), reconciled with the index.
 
         Why: the scan can only seed the policy oldest record first (LRU-like); a state saved
         at the last clean close keeps its order, frequencies and ghosts. The records are the
         truth: saved blocks with no record here are removed from the policy, records it does
         not know enter it as most recent, and every entry then shares the policy's status.
-        Call right after the scan (nothing pinned or being written). Returns (blocks dropped,
-        blocks added).
+        Call right after the scan (nothing pinned or being written). ``ValueError`` (nothing
+        changed) if ``restored`` keeps no block table.
         """
         table = restored.block_table
         if table is None:
             raise ValueError(f"{type(restored).__name__} keeps no block_table to adopt")
         settle_restored(restored)
-        gone = [key for key in table if key not in self._entries]
-        for key in gone:
+        for key in [key for key in table if key not in self._entries]:
             restored.remove(key)
-        added = 0
         for key, entry in self._entries.items():
             status = table.get(key)
             if status is None:
                 entry.status.ref_cnt = 0
                 restored.insert(key, entry.status)
-                added += 1
             else:
                 status.ref_cnt = 0
                 entry.status = status
                 self._next_id = max(self._next_id, status.block_id)
         self.policy = restored
-        return len(gone), added
 
     def make_room(
         self, nbytes: int, limit: int, protected: Collection[OffloadKey]

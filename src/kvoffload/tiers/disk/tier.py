@@ -51,6 +51,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from kvoffload._checks import check_bool
 from kvoffload.keys import OffloadKey
 from kvoffload.policies import create_cache_policy
 from kvoffload.policies.state import export_policy_state, restore_policy_state
@@ -214,7 +215,7 @@ class DiskTier(Tier):
             raise ValueError(f"checksum {checksum!r} is not available in this environment")
         self._checksum_fn = fn
         self.verify_on_scan = bool(verify_on_scan)
-        self.save_policy_state = bool(save_policy_state)
+        self.save_policy_state = check_bool("save_policy_state", save_policy_state)
         self.files = files if files is not None else FileLayer()
         self.namespace = namespace_digest(namespace)
         self.root = os.fspath(path)
@@ -524,14 +525,14 @@ class DiskTier(Tier):
         except (ValueError, TypeError, RecursionError):
             self._stats["policy_state_ignored"] += 1
             return
-        if (
-            type(restored) is not type(current)
-            or restored.cache_capacity != current.cache_capacity
-            or restored.block_table is None
-        ):
+        if type(restored) is not type(current) or restored.cache_capacity != current.cache_capacity:
             self._stats["policy_state_ignored"] += 1  # another policy, budget or block size
             return
-        self._index.adopt_policy(restored)
+        try:
+            self._index.adopt_policy(restored)
+        except ValueError:  # a policy without a block table: nothing to reconcile with
+            self._stats["policy_state_ignored"] += 1
+            return
         self._stats["policy_state_restored"] = 1.0
 
     # ----------------------------------------------------------------- helpers
