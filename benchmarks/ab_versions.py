@@ -7,6 +7,10 @@ simulator's ``blocks`` mode (each version's own ``kvoffload.sim.replay.replay``)
 version's median ns per block and the median of the per-pair ratios new / base (< 1: this
 tree is faster; pairs run in ABBA order), and checks that both versions' hit counts are equal.
 
+``--control`` loads this tree a second time (``copy``) and prints copy / new as well: the same
+code in two loaded copies, so that ratio is the comparison's noise floor on this machine (a
+new / base ratio inside it says nothing).
+
     git archive HEAD~3 src | tar -x -C /tmp/base
     python benchmarks/ab_versions.py --base-src /tmp/base/src --policies lru,arc --runs 7
 """
@@ -16,6 +20,7 @@ from __future__ import annotations
 import argparse
 import gc
 import importlib
+import itertools
 import statistics
 import sys
 import time
@@ -104,9 +109,15 @@ def main() -> int:
     parser.add_argument("--policies", default="lru,arc")
     parser.add_argument("--fraction", type=float, default=0.05, help="capacity / unique blocks")
     parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument(
+        "--control", action="store_true", help="also time a second copy of this tree (A/A)"
+    )
     args = parser.parse_args()
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     versions = {"base": load_version(args.base_src, policies), "new": load_version(SRC, policies)}
+    if args.control:
+        versions["copy"] = load_version(SRC, policies)
+    orders = list(itertools.permutations(versions))  # two versions: AB, BA (ABBA)
     traces = {}
     for tag, mods in versions.items():
         activate(mods)
@@ -117,17 +128,20 @@ def main() -> int:
     reqs = [[make_key(b.to_bytes(8, "big"), 0) for b in r.block_ids] for r in trace.requests]
     accesses = trace.block_accesses
     print(f"{args.trace.name}: capacity {capacity} blocks, {args.runs} interleaved runs")
-    print(f"{'policy':<8} {'mode':<7} {'base ns/blk':>11} {'new ns/blk':>10} {'new/base':>9}")
+    control = f" {'copy/new':>9}" if args.control else ""
+    print(
+        f"{'policy':<8} {'mode':<7} {'base ns/blk':>11} {'new ns/blk':>10} {'new/base':>9}{control}"
+    )
     for policy in policies:
         for mode in ("prefix", "blocks"):
-            ns: dict[str, list[float]] = {"base": [], "new": []}
-            hits: dict[str, set[int]] = {"base": set(), "new": set()}
+            ns: dict[str, list[float]] = {tag: [] for tag in versions}
+            hits: dict[str, set[int]] = {tag: set() for tag in versions}
             for run in range(args.runs):
-                # ABBA order: whichever version runs second in a pair meets a warmer (or a
-                # more fragmented) heap, so the order alternates; a collection before each
-                # replay starts both from the same garbage.
-                order = list(versions.items()) if run % 2 == 0 else list(versions.items())[::-1]
-                for tag, mods in order:
+                # ABBA order (every order in turn): whichever version runs later meets a warmer
+                # (or a more fragmented) heap; a collection before each replay starts all of
+                # them from the same garbage.
+                for tag in orders[run % len(orders)]:
+                    mods = versions[tag]
                     activate(mods)
                     gc.collect()
                     if mode == "prefix":
@@ -136,13 +150,17 @@ def main() -> int:
                         h, t = blocks_replay(mods, traces[tag], policy, capacity)
                     ns[tag].append(t / accesses)
                     hits[tag].add(h)
-            if hits["base"] != hits["new"] or len(hits["new"]) != 1:
+            if len(set().union(*hits.values())) != 1:
                 raise SystemExit(f"{policy} {mode}: hit counts differ: {hits}")
             ratio = statistics.median(n / b for b, n in zip(ns["base"], ns["new"], strict=True))
-            print(
+            line = (
                 f"{policy:<8} {mode:<7} {statistics.median(ns['base']):>11.0f} "
                 f"{statistics.median(ns['new']):>10.0f} {ratio:>8.3f}x"
             )
+            if args.control:
+                noise = statistics.median(c / n for n, c in zip(ns["new"], ns["copy"], strict=True))
+                line += f" {noise:>8.3f}x"
+            print(line)
     return 0
 
 

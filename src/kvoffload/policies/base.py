@@ -220,13 +220,15 @@ class CachePolicy(ABC):
         A key already stored, or given twice, raises ``ValueError`` before anything changes.
         """
         self._require_absent(keys)
+        insert = self.insert
         for key, block in zip(keys, blocks, strict=True):
-            self.insert(key, block, req_context)
+            insert(key, block, req_context)
 
     def mark_evictable_many(self, keys: Sequence[OffloadKey]) -> None:
         """``mark_evictable`` each key, in order (override to batch the work)."""
+        mark_evictable = self.mark_evictable
         for key in keys:
-            self.mark_evictable(key)
+            mark_evictable(key)
 
     def mark_evictable(self, key: OffloadKey) -> None:  # noqa: B027 - optional hook
         """Hook: ``key``'s ``ref_cnt`` just became 0 (store completed, last load done)."""

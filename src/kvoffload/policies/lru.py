@@ -83,9 +83,11 @@ class LRUCachePolicy(CachePolicy):
         self._evictable.clear()
 
     def mark_evictable(self, key: OffloadKey) -> None:
-        if key in self._blocks:
-            self._evictable[key] = None
-            self._evictable.move_to_end(key)
+        evictable = self._evictable
+        if key in evictable:  # already ready (a load finished): a use
+            evictable.move_to_end(key)
+        elif key in self._blocks:  # the usual case: a new entry lands at the end
+            evictable[key] = None
 
     def mark_non_evictable(self, key: OffloadKey) -> None:
         self._evictable.pop(key, None)
