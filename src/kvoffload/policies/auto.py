@@ -113,11 +113,11 @@ class AutoCachePolicy(CachePolicy):
         decay: float = 0.97,
         margin: float = 0.002,
         relative_margin: float = 0.02,
-        patience: int = 2,
+        patience: int = 4,
         min_dwell: int = 4,
         warmup_windows: int = 2,
         z: float = 2.0,
-        history: float = 8.0,
+        history: float = 16.0,
         long_run: bool = True,
         alpha: float = 0.05,
     ) -> None:
