@@ -435,6 +435,7 @@ def test_save_policy_state_false_leaves_no_state_and_restarts_oldest_first(tmp_p
     cold.close()
 
 
-def test_save_policy_state_must_be_a_bool(tmp_path: Path) -> None:
-    with pytest.raises(TypeError, match="save_policy_state must be True or False"):
-        _tier(BytearraySlotMemory(512, 2), tmp_path, 4, save_policy_state="no")
+@pytest.mark.parametrize("flag", ["save_policy_state", "verify_on_scan"])
+def test_the_disk_tiers_flags_must_be_bools(tmp_path: Path, flag: str) -> None:
+    with pytest.raises(TypeError, match=f"{flag} must be True or False"):
+        _tier(BytearraySlotMemory(512, 2), tmp_path, 4, **{flag: "no"})

@@ -51,7 +51,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from kvoffload._checks import check_bool
+from kvoffload._checks import check_bool, check_int
 from kvoffload.keys import OffloadKey
 from kvoffload.policies import create_cache_policy
 from kvoffload.policies.state import export_policy_state, restore_policy_state
@@ -91,14 +91,6 @@ _ZERO_FIELDS = memoryview(bytes(HEADER_BYTES - STAMP_BYTES))  # a header page af
 _MAX_RUN = 256  # records per vectored call (two buffers each, under IOV_MAX = 1024)
 _MIN_PUT_TASK_BYTES = 4 << 20  # a put job is not split into tasks smaller than this
 _MIN_GET_TASK_BYTES = 1 << 20  # nor a get job below this (jobs in flight keep threads busy)
-
-
-def _check_int(name: str, value: object, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return value
 
 
 def namespace_digest(namespace: bytes | str) -> bytes:
@@ -204,9 +196,9 @@ class DiskTier(Tier):
         if files is not None and not isinstance(files, FileLayer):
             raise TypeError(f"files must be a FileLayer, got {type(files).__name__}")
         self.record_bytes = HEADER_BYTES + memory.slot_bytes
-        self.capacity_bytes = _check_int("capacity_bytes", capacity_bytes, self.record_bytes)
-        self.min_free_bytes = _check_int("min_free_bytes", min_free_bytes, 0)
-        io_threads = _check_int("io_threads", io_threads, 1)
+        self.capacity_bytes = check_int("capacity_bytes", capacity_bytes, self.record_bytes)
+        self.min_free_bytes = check_int("min_free_bytes", min_free_bytes, 0)
+        io_threads = check_int("io_threads", io_threads, 1)
         self._threads = io_threads
         self.durability = durability
         self._checksum_kind = resolve_checksum(checksum)
@@ -214,7 +206,7 @@ class DiskTier(Tier):
         if fn is None:  # resolve_checksum only returns kinds available here
             raise ValueError(f"checksum {checksum!r} is not available in this environment")
         self._checksum_fn = fn
-        self.verify_on_scan = bool(verify_on_scan)
+        self.verify_on_scan = check_bool("verify_on_scan", verify_on_scan)
         self.save_policy_state = check_bool("save_policy_state", save_policy_state)
         self.files = files if files is not None else FileLayer()
         self.namespace = namespace_digest(namespace)
