@@ -384,3 +384,24 @@ def test_evict_chooses_and_forgets_as_one_candidate_at_a_time(
         ghosts += [(key, metas[key]) for key in expected]
         assert list(policy._ghosts.items()) == ghosts[max(0, len(ghosts) - policy.ghost_capacity) :]
         _store_and_finish(policy, new, ctx, rng, ready_share=0.0)
+
+
+def test_a_long_run_of_decays_never_divides_zero_by_zero() -> None:
+    """Every event past ``decay_window`` halves the counts; a class that sees no event (here:
+    all but the fresh-block class) had its prior underflow to 0.0 after about 1,075 halvings,
+    and ``stats()`` (so ``get_stats()``) raised ``ZeroDivisionError`` on its reuse odds."""
+    manager = CPUOffloadingManager(
+        4, cache_policy="kvaware", cache_policy_params={"decay_window": 1}
+    )
+    for i in range(1500):  # one fresh block per request: an insert (an event) each time
+        ctx = ReqContext(req_id=str(i))
+        out = manager.prepare_store([make_offload_key(i.to_bytes(8, "big"), 0)], ctx)
+        assert out is not None
+        manager.complete_store(out.keys_to_store, ctx)
+        manager.on_request_finished(ctx)
+    gauges = manager.get_stats().policy
+    odds = {name: value for name, value in gauges.items() if name.startswith("p_")}
+    assert len(odds) > 1 and all(0.0 <= value <= 1.0 for value in odds.values())
+    # The untouched classes keep their prior odds (0.3 by default), exactly.
+    assert sorted(odds.values()).count(0.3) >= len(odds) - 2
+    assert manager.get_stats().evictions == 1500 - 4

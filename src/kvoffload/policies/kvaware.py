@@ -45,7 +45,7 @@ from kvoffload._checks import check_int, check_number
 from kvoffload.context import ReqContext
 from kvoffload.keys import OffloadKey
 from kvoffload.policies.base import BlockStatus, CachePolicy, Victims, already_stored
-from kvoffload.policies.victims import protected_disjoint
+from kvoffload.policies.victims import protected_disjoint, ref_count
 
 _COUNT_BUCKETS = 4  # used 0, 1, 2-3, 4+ times since first stored (log2 buckets)
 _OUTPUT_NAMES = ("short", "medium", "long", "unknown")
@@ -75,7 +75,13 @@ _NEW_CLASS = _class_of(0, _UNKNOWN_OUTPUT)
 _SATURATED = 1 << (_COUNT_BUCKETS - 1)
 _USES_CLASS = tuple(_class_of(uses, 0) for uses in range(_SATURATED + 1))
 _RETURNED_CLASS = tuple(cls + _UNKNOWN_OUTPUT for cls in _USES_CLASS)
+# _class_of(uses, bucket) by table: _BUCKET_CLASSES[bucket][min(uses, _SATURATED)].
+_BUCKET_CLASSES = tuple(
+    tuple(cls + bucket for cls in _USES_CLASS) for bucket in range(len(_OUTPUT_NAMES))
+)
 _EXACT = 1 << 53  # floats represent every integer up to here
+#: Counts below this carry no weight next to one event (+1.0); they are not decayed further.
+_NEGLIGIBLE = 1e-250
 
 
 def _adds_exactly(total: float, count: int) -> bool:
@@ -178,9 +184,17 @@ class KVAwareCachePolicy(CachePolicy):
             self._decay()
 
     def _decay(self) -> None:
-        """Halve every count: the policy follows the traffic it sees now."""
+        """Halve every count: the policy follows the traffic it sees now.
+
+        A class whose entries have decayed below :data:`_NEGLIGIBLE` (about 830 halvings with
+        no event) is left as it is: halving on would underflow its prior to ``0.0`` after
+        about 1,075 and make its reuse odds ``0 / 0`` (a ``ZeroDivisionError`` in ``evict``
+        and ``stats`` on a long-running cache, or soon with a small ``decay_window``).
+        """
         self._since_decay = 0
         for i in range(_NUM_CLASSES):
+            if self._entries[i] < _NEGLIGIBLE:
+                continue
             self._entries[i] *= 0.5
             self._reuses[i] *= 0.5
             self._gap_sums[i] *= 0.5
@@ -282,10 +296,11 @@ class KVAwareCachePolicy(CachePolicy):
             metas = self._insert_loop(keys, stamp, tail)
         self._meta.update(zip(keys, metas, strict=True))
         self._blocks.update(zip(keys, blocks, strict=True))
-        orders = self._orders
-        for key, block, meta in zip(keys, blocks, metas, strict=True):
-            if block.ref_cnt == 0:  # usually none: the manager inserts pending blocks
-                orders[meta[_CLS]][key] = None
+        if 0 in map(ref_count, blocks):  # usually none: the manager inserts pending blocks
+            orders = self._orders
+            for key, block, meta in zip(keys, blocks, metas, strict=True):
+                if block.ref_cnt == 0:
+                    orders[meta[_CLS]][key] = None
         self._remember(req_context, keys)
 
     def _insert_loop(
@@ -469,26 +484,28 @@ class KVAwareCachePolicy(CachePolicy):
         if bucket == _UNKNOWN_OUTPUT:
             state.clear()
             return
-        keys = state.copy()
-        state.clear()
         blocks, orders = self._meta, self._orders
         entries, reuses = self._entries, self._reuses
+        classes = _BUCKET_CLASSES[bucket]
+        top = classes[_SATURATED]
         moved = 0
-        for key in reversed(keys):
-            meta = blocks.get(key)
-            if meta is None or meta[_CLS] == TAIL_CLASS:
+        for key, meta in zip(reversed(state), map(blocks.get, reversed(state)), strict=True):
+            if meta is None:
                 continue
             old, uses, _, last_use = meta
-            new = _class_of(uses, bucket)
-            blocks[key] = (new, uses, bucket, last_use)
-            if new == old:
+            if old == TAIL_CLASS:
                 continue
+            new = classes[uses] if uses < _SATURATED else top
+            if new == old:  # same class, so the same bucket: the metadata stays as it is
+                continue
+            blocks[key] = (new, uses, bucket, last_use)
             # A correction, not a new trial: the entry moves from the provisional class.
             entries[old] = max(entries[old] - 1.0, reuses[old])
             entries[new] += 1.0
             moved += 1
             if orders[old].pop(key, 0) is None:
                 orders[new][key] = None
+        state.clear()
         self._since_decay += moved
         if self._since_decay >= self.decay_window:
             self._decay()

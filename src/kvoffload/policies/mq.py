@@ -68,8 +68,10 @@ class MQCachePolicy(CachePolicy):
         self._qout: OrderedDict[OffloadKey, int] = OrderedDict()  # ghost -> count, oldest first
         self._revived: OrderedDict[OffloadKey, int] = OrderedDict()  # Qout hits awaiting insert
         self._now = 0
-        # A lower bound of the expiry of the LRU block of every queue above queue 0: until the
-        # clock passes it, a tick has nothing to demote and skips the queue scan.
+        # Per queue, a lower bound of its LRU block's expiry (queue 0, never demoted, and an
+        # empty queue: never), so a demotion looks only at the queues whose bound has passed.
+        self._bounds: list[float] = [_NEVER] * num_queues
+        # At most the least bound: until the clock passes it, a tick has nothing to demote.
         self._horizon: float = _NEVER
 
     def _queue_for(self, freq: int) -> int:
@@ -140,7 +142,12 @@ class MQCachePolicy(CachePolicy):
         """Put ``key`` at ``queue``'s MRU end (the queue's LRU block changes if it was empty)."""
         self._queues[queue][key] = None
         if queue:
-            expire = self._expire[key]
+            self._lower_bound(queue, self._expire[key])
+
+    def _lower_bound(self, queue: int, expire: float) -> None:
+        """``queue``'s LRU block may expire at ``expire`` now: keep its bound below that."""
+        if expire < self._bounds[queue]:
+            self._bounds[queue] = expire
             if expire < self._horizon:
                 self._horizon = expire
 
@@ -150,9 +157,7 @@ class MQCachePolicy(CachePolicy):
         if order.pop(key, 0) is not None:
             return False
         if queue and order:  # the queue's LRU block may have changed
-            expire = self._expire[next(iter(order))]
-            if expire < self._horizon:
-                self._horizon = expire
+            self._lower_bound(queue, self._expire[next(iter(order))])
         return True
 
     def remove(self, key: OffloadKey) -> None:
@@ -168,11 +173,7 @@ class MQCachePolicy(CachePolicy):
         keys = keys if isinstance(keys, (list, tuple)) else list(keys)
         freqs, qout = self._freq, self._qout
         if not freqs.keys().isdisjoint(keys):  # some are stored: walk them all, in order
-            for key in reversed(keys):
-                if key in freqs:
-                    self._hit(key)
-                elif key in qout:
-                    self._revive(key)
+            self._hits(keys)
             return
         # No hits: only Qout is involved. Qout hits are recorded in walk order, trimmed after.
         if qout and not qout.keys().isdisjoint(keys):
@@ -190,35 +191,54 @@ class MQCachePolicy(CachePolicy):
         if len(revived) > max(1, self.cache_capacity):
             revived.popitem(False)
 
-    def _hit(self, key: OffloadKey) -> None:
-        """A hit on a stored block: count it, move it to its queue's MRU end, tick."""
-        freq = self._freq[key] = self._freq[key] + 1
-        queue = freq.bit_length() - 1
-        if queue >= self.num_queues:
-            queue = self.num_queues - 1
-        now = self._now
-        old = self._queue[key]
-        if old < 0:  # write pending: not queued; the count and queue still change
-            self._queue[key] = ~queue
+    def _hits(self, keys: Sequence[OffloadKey]) -> None:
+        """Touch ``keys`` tail first: a hit counts, moves to its queue's MRU end and ticks.
+
+        The hit is inlined (a prefix hit is the commonest access) with the clock and the
+        horizon in locals, written back before :meth:`_demote`, the one thing that reads them.
+        """
+        freqs, queue_of, expires, qout = self._freq, self._queue, self._expire, self._qout
+        queues, bounds = self._queues, self._bounds
+        last_queue = self.num_queues - 1
+        lifetime = self.lifetime
+        now, horizon = self._now, self._horizon
+        for key in reversed(keys):
+            freq = freqs.get(key)
+            if freq is None:
+                if key in qout:
+                    self._revive(key)
+                continue
+            freq = freqs[key] = freq + 1
+            queue = freq.bit_length() - 1
+            if queue > last_queue:
+                queue = last_queue
+            expire = now + lifetime
             if queue:
-                self._expire[key] = now + self.lifetime
-        else:
-            self._queue[key] = queue
-            if queue:
-                self._expire[key] = now + self.lifetime
-            queues = self._queues
-            order = queues[old]
-            if order.pop(key, 0) is None:  # it was evictable: it goes to the MRU end
-                queues[queue][key] = None
-                if old and order:  # the old queue's LRU block may have changed
-                    expire = self._expire[next(iter(order))]
-                    if expire < self._horizon:
-                        self._horizon = expire
-                if queue and now + self.lifetime < self._horizon:
-                    self._horizon = now + self.lifetime
-        self._now = now = now + 1
-        if now > self._horizon:
-            self._demote(now)
+                expires[key] = expire
+            old = queue_of[key]
+            if old < 0:  # write pending: not queued; the count and queue still change
+                queue_of[key] = ~queue
+            else:
+                queue_of[key] = queue
+                order = queues[old]
+                if order.pop(key, 0) is None:  # it was evictable: it goes to the MRU end
+                    queues[queue][key] = None
+                    if old and order:  # the old queue's LRU block may have changed
+                        head = expires[next(iter(order))]
+                        if head < bounds[old]:
+                            bounds[old] = head
+                            if head < horizon:
+                                horizon = head
+                    if queue and expire < bounds[queue]:
+                        bounds[queue] = expire
+                        if expire < horizon:
+                            horizon = expire
+            now += 1
+            if now > horizon:
+                self._now = now
+                self._demote(now)
+                horizon = self._horizon
+        self._now, self._horizon = now, horizon
 
     def _tick(self) -> None:
         """Advance the clock; demote each queue's LRU block whose lifetime has run out."""
@@ -227,13 +247,19 @@ class MQCachePolicy(CachePolicy):
             self._demote(self._now)
 
     def _demote(self, now: int) -> None:
-        """Demote each queue's LRU block that expired before ``now``; recompute the horizon."""
-        queues, queue_of, expires = self._queues, self._queue, self._expire
+        """Demote each queue's LRU block that expired before ``now``; recompute the horizon.
+
+        Only queues whose bound has passed are looked at (usually one of them): their bound
+        becomes their LRU block's expiry exactly.
+        """
+        queues, queue_of, expires, bounds = self._queues, self._queue, self._expire, self._bounds
         renewed = now + self.lifetime
-        horizon: float = _NEVER
         for k in range(1, self.num_queues):
+            if bounds[k] >= now:  # its LRU block has not expired
+                continue
             order = queues[k]
             if not order:
+                bounds[k] = _NEVER
                 continue
             key = next(iter(order))
             expire = expires[key]
@@ -243,17 +269,14 @@ class MQCachePolicy(CachePolicy):
                 queue_of[key] = k - 1
                 if k > 1:
                     expires[key] = renewed
-                    if renewed < horizon:  # it may be queue k - 1's LRU block now
-                        horizon = renewed
+                    if renewed < bounds[k - 1]:  # it may be queue k - 1's LRU block now
+                        bounds[k - 1] = renewed
                 else:
                     del expires[key]
-                if order:
-                    expire = expires[next(iter(order))]
-                    if expire < horizon:
-                        horizon = expire
-            elif expire < horizon:
-                horizon = expire
-        self._horizon = horizon
+                bounds[k] = expires[next(iter(order))] if order else _NEVER
+            else:
+                bounds[k] = expire
+        self._horizon = min(bounds)
 
     def evict(self, n: int, protected: Collection[OffloadKey]) -> Victims | None:
         if n <= 0:
@@ -289,9 +312,7 @@ class MQCachePolicy(CachePolicy):
             if queue:
                 above = True
                 if order:  # the queue's LRU block changed
-                    expire = self._expire[next(iter(order))]
-                    if expire < self._horizon:
-                        self._horizon = expire
+                    self._lower_bound(queue, self._expire[next(iter(order))])
         return self._forget_victims(chosen, above)
 
     def _forget_victims(self, chosen: list[OffloadKey], above: bool) -> Victims:
@@ -324,6 +345,7 @@ class MQCachePolicy(CachePolicy):
         self._qout.clear()
         self._revived.clear()
         self._now = 0
+        self._bounds = [_NEVER] * self.num_queues
         self._horizon = _NEVER
 
     def mark_evictable(self, key: OffloadKey) -> None:
@@ -341,7 +363,7 @@ class MQCachePolicy(CachePolicy):
 
     def mark_evictable_many(self, keys: Sequence[OffloadKey]) -> None:
         queue_of, queues, statuses, expires = self._queue, self._queues, self._blocks, self._expire
-        first = queues[0]
+        bounds, first = self._bounds, queues[0]
         lifetime = self.lifetime
         # The clock and the horizon in locals; written back before anything that reads them.
         now, horizon = self._now, self._horizon
@@ -355,8 +377,12 @@ class MQCachePolicy(CachePolicy):
                     order.move_to_end(key)
                     continue
                 order[key] = None
-                if queue and expires[key] < horizon:
-                    horizon = expires[key]
+                if queue:
+                    expire = expires[key]
+                    if expire < bounds[queue]:
+                        bounds[queue] = expire
+                        if expire < horizon:
+                            horizon = expire
                 continue
             # A store completed (_complete_store, inlined).
             queue = queue_of[key] = ~queue
@@ -364,8 +390,10 @@ class MQCachePolicy(CachePolicy):
                 expire = expires[key] = now + lifetime
                 if statuses[key].ref_cnt == 0:
                     queues[queue][key] = None
-                    if expire < horizon:
-                        horizon = expire
+                    if expire < bounds[queue]:
+                        bounds[queue] = expire
+                        if expire < horizon:
+                            horizon = expire
             elif statuses[key].ref_cnt == 0:
                 first[key] = None
             now += 1
@@ -376,9 +404,13 @@ class MQCachePolicy(CachePolicy):
         self._now, self._horizon = now, horizon
 
     def mark_non_evictable(self, key: OffloadKey) -> None:
+        # _dequeue, inlined: a load pins each hit block, so this runs once per hit.
         queue = self._queue.get(key)
-        if queue is not None and queue >= 0:
-            self._dequeue(key, queue)
+        if queue is None or queue < 0:
+            return
+        order = self._queues[queue]
+        if order.pop(key, 0) is None and queue and order:  # its LRU block may have changed
+            self._lower_bound(queue, self._expire[next(iter(order))])
 
     def stats(self) -> Mapping[str, float]:
         stats: dict[str, float] = {
