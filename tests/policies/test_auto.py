@@ -129,3 +129,41 @@ def test_defaults_hold_a_switch_that_a_reversing_lead_would_undo() -> None:
     assert auto.prefix_hit_ratio >= 0.98 * best, (auto.prefix_hit_ratio, best)
     old = replay(trace, capacity, PolicySpec.of("auto", params={"patience": 2, "history": 8.0}))
     assert old.prefix_hit_ratio < 0.98 * best  # the mechanism the defaults guard against
+
+
+def test_the_history_log_keeps_a_copy_of_each_request_context_not_the_context() -> None:
+    """The log holds one copy per request, with the hints as of its latest call (what a
+    switch's replay reads), and never the live context (which carries every component's
+    per-request state, kept alive for as long as the log is)."""
+    auto = AutoCachePolicy(64)
+    ctx = ReqContext(req_id="r", session_id="s", timestamp=1.0, prefix_hit_blocks=0)
+    ctx.set_key_positions([int_key(1), int_key(2)], 16)
+    auto.touch([int_key(1)], ctx)
+    ctx.timestamp, ctx.prefix_hit_blocks, ctx.num_blocks = 2.0, 1, 2
+    ctx.partial_tail_key, ctx.prompt_tokens, ctx.priority = int_key(2), 32, 3
+    ctx.priority_duration_s, ctx.category = 5.0, "chat"
+    auto.touch([int_key(2)], ctx)
+    ctx.output_tokens = 7
+    auto.on_request_finished(ctx)
+    entries = list(auto._log)
+    assert [keys for keys, _ in entries] == [(int_key(1),), (int_key(2),), None]
+    [copy] = {id(logged): logged for _, logged in entries}.values()
+    assert copy is not ctx and copy is not None
+    hints = [
+        "req_id",
+        "session_id",
+        "priority",
+        "priority_duration_s",
+        "category",
+        "timestamp",
+        "prefix_hit_blocks",
+        "num_blocks",
+        "partial_tail_key",
+        "prompt_tokens",
+        "output_tokens",
+        "key_positions",
+    ]
+    assert {name: getattr(copy, name) for name in hints} == {
+        name: getattr(ctx, name) for name in hints
+    }
+    assert copy.get_state(object) is None and not copy._state

@@ -34,6 +34,8 @@ from __future__ import annotations
 import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import compress
+from operator import not_
 
 from kvoffload._checks import check_int, check_number
 from kvoffload.context import ReqContext
@@ -43,11 +45,12 @@ from kvoffload.policies.factory import create_cache_policy
 
 _HASH_SPACE = 1 << 32
 _MIX = 0x9E3779B1  # odd multiplier: breaks CRC32's linearity over consecutive ids
+_MASK = 0xFFFFFFFF
 
 
 def sample_hash(key: bytes) -> int:
     """A key's deterministic 32-bit sampling hash (the same in every process)."""
-    return (zlib.crc32(key) * _MIX) & 0xFFFFFFFF
+    return (zlib.crc32(key) * _MIX) & _MASK
 
 
 def sampling_rate(capacity: int, sample_rate: float, min_shadow_blocks: int) -> float:
@@ -169,17 +172,16 @@ class _Miniature:
         tail first, when the request finishes (:meth:`release`; at once without a request).
         """
         policy = self.policy
-        get = policy.get
+        table = policy.block_table  # its C-level get, not a policy.get frame per key
+        get = table.get if table is not None else policy.get
         hits = [get(key) is not None for key in keys]
         policy.touch(keys, ctx)
         count = hits.count(True)
         self.hits += count
         self.window_hits += count
+        now = held is None
         if held is None:
             held = _Held()
-            now = True
-        else:
-            now = False
         if held.intact:
             loaded = held.loaded
             for key, hit in zip(keys, hits, strict=True):
@@ -193,8 +195,7 @@ class _Miniature:
                     status.ref_cnt += 1
                     loaded.append(key)
         if count < len(keys):
-            misses = [key for key, hit in zip(keys, hits, strict=True) if not hit]
-            self._store(misses, keys, ctx, held)
+            self._store(list(compress(keys, map(not_, hits))), keys, ctx, held)
         if now:
             self.release(held)
         return hits
@@ -228,29 +229,33 @@ class _Miniature:
                 status.ref_cnt = -1
             statuses.append(status)
         policy.insert_many(misses, statuses, ctx)
-        held.stored.extend(zip(misses, statuses, strict=True))
+        held.stored += misses
+        held.statuses += statuses
 
     def release(self, held: _Held) -> None:
-        """The request's completions: its stores, then its loads, each tail first."""
-        policy = self.policy
-        if held.stored:
-            stored = held.stored
-            for _, status in stored:
+        """The request's completions: its stores, then its loads, each tail first.
+
+        One ``mark_evictable_many`` for both (the contract makes it the same single calls
+        in that order): one policy call per request, not two.
+        """
+        ready = held.stored
+        held.stored = []
+        if ready:
+            for status in held.statuses:
                 status.ref_cnt = 0
-            policy.mark_evictable_many([key for key, _ in stored])
-            held.stored = []
+            held.statuses = []
         if held.loaded:
-            get = policy.get
-            released = []
+            table = self.policy.block_table
+            get = table.get if table is not None else self.policy.get
             for key in reversed(held.loaded):
                 loaded = get(key)
                 if loaded is not None and loaded.ref_cnt > 0:
                     loaded.ref_cnt -= 1
                     if loaded.ref_cnt == 0:
-                        released.append(key)
-            if released:
-                policy.mark_evictable_many(released)
+                        ready.append(key)
             held.loaded = []
+        if ready:
+            self.policy.mark_evictable_many(ready)
         held.intact = True
 
     def clear(self) -> None:
@@ -263,12 +268,13 @@ class _Miniature:
 class _Held:
     """One miniature's blocks held by one request: its loads (pinned) and pending stores."""
 
-    __slots__ = ("intact", "loaded", "stored")
+    __slots__ = ("intact", "loaded", "statuses", "stored")
 
     def __init__(self) -> None:
         self.intact = True  # no miss yet: hits are still the prefix (loads)
         self.loaded: list[OffloadKey] = []
-        self.stored: list[tuple[OffloadKey, BlockStatus]] = []
+        self.stored: list[OffloadKey] = []  # pending stores, and their statuses below
+        self.statuses: list[BlockStatus] = []
 
 
 class _ShadowContexts:
@@ -284,21 +290,25 @@ class _ShadowContexts:
 
 def copy_context(ctx: ReqContext) -> ReqContext:
     """A copy of ``ctx``'s hints, without its per-request state (the key positions shared)."""
-    copy = ReqContext(
-        req_id=ctx.req_id,
-        session_id=ctx.session_id,
-        priority=ctx.priority,
-        priority_duration_s=ctx.priority_duration_s,
-        category=ctx.category,
-        timestamp=ctx.timestamp,
-        prefix_hit_blocks=ctx.prefix_hit_blocks,
-        num_blocks=ctx.num_blocks,
-        partial_tail_key=ctx.partial_tail_key,
-        prompt_tokens=ctx.prompt_tokens,
-        output_tokens=ctx.output_tokens,
-    )
-    copy._positions = ctx._positions  # read-only for policies: share, do not copy
+    copy = ReqContext(req_id=ctx.req_id)
+    refresh_context(copy, ctx)
     return copy
+
+
+def refresh_context(copy: ReqContext, ctx: ReqContext) -> None:
+    """Bring a :func:`copy_context` copy's hints up to ``ctx``'s current ones (state kept)."""
+    copy.req_id = ctx.req_id
+    copy.session_id = ctx.session_id
+    copy.priority = ctx.priority
+    copy.priority_duration_s = ctx.priority_duration_s
+    copy.category = ctx.category
+    copy.timestamp = ctx.timestamp
+    copy.prefix_hit_blocks = ctx.prefix_hit_blocks
+    copy.num_blocks = ctx.num_blocks
+    copy.partial_tail_key = ctx.partial_tail_key
+    copy.prompt_tokens = ctx.prompt_tokens
+    copy.output_tokens = ctx.output_tokens
+    copy._positions = ctx._positions  # read-only for policies: share, do not copy
 
 
 @dataclass(frozen=True)
@@ -402,13 +412,18 @@ class ShadowEvaluator:
         if threshold >= _HASH_SPACE:
             return list(keys)
         crc = zlib.crc32
-        return [k for k in keys if (crc(k) * _MIX) & 0xFFFFFFFF < threshold]
+        return [k for k in keys if (crc(k) * _MIX) & _MASK < threshold]
 
     def record(self, keys: Iterable[OffloadKey], ctx: ReqContext | None = None) -> int:
         """Feed one access per key (in order) to every miniature; return how many sampled."""
         keys = keys if isinstance(keys, (list, tuple)) else list(keys)
         self.seen += len(keys)
-        picked = self.sampled(keys)
+        threshold = self.threshold
+        if threshold < _HASH_SPACE:  # :meth:`sampled`, inlined: this runs on every call
+            crc = zlib.crc32
+            picked = [k for k in keys if (crc(k) * _MIX) & _MASK < threshold]
+        else:
+            picked = list(keys)
         if not picked:
             return 0
         minis = self._minis
@@ -428,6 +443,17 @@ class ShadowEvaluator:
                 mini.access_request(picked, mctx, held)
                 for mini, mctx, held in zip(minis, contexts, helds, strict=True)
             ]
+        if rows.count(rows[0]) < len(rows):  # usually they all agree: nothing to pair
+            self._pair(rows)
+        count = len(picked)
+        self.accesses += count
+        self._window_accesses += count
+        if self._window_accesses >= self.window:
+            self._close_window()
+        return count
+
+    def _pair(self, rows: list[list[bool]]) -> None:
+        """Count the paired observations: each access some candidates hit and others missed."""
         wins, total_wins = self._wins, self._total_wins
         for hit in zip(*rows, strict=True):
             if any(hit) and not all(hit):  # the candidates disagree: a paired observation
@@ -438,11 +464,6 @@ class ShadowEvaluator:
                             if not hit_j:
                                 row[j] += 1.0
                                 total_row[j] += 1
-        self.accesses += len(picked)
-        self._window_accesses += len(picked)
-        if self._window_accesses >= self.window:
-            self._close_window()
-        return len(picked)
 
     def _close_window(self) -> None:
         decay = self.decay
@@ -538,6 +559,8 @@ __all__ = [
     "ShadowEstimate",
     "ShadowEvaluator",
     "candidate_name",
+    "copy_context",
+    "refresh_context",
     "sample_hash",
     "sampling_rate",
     "scaled_params",
