@@ -28,6 +28,11 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import compare_vllm
+from compare_vllm import Library
+
 HERE = Path(__file__).resolve().parent
 SRC = HERE.parent / "src"
 DEFAULT_TRACE = HERE.parent.parent / "shared" / "traces" / "mooncake_synthetic_trace.jsonl"
@@ -65,32 +70,20 @@ def load_version(src: Path, policies: list[str]) -> dict[str, ModuleType]:
 
 
 def prefix_replay(
-    mods: dict[str, ModuleType], policy: str, capacity: int, reqs: Any
+    mods: dict[str, ModuleType], policy: str, capacity: int, reqs: list[list[bytes]]
 ) -> tuple[int, int]:
+    """``compare_vllm.py``'s replay (the connector's call sequence) through ``mods``' manager."""
     kv = mods["kvoffload"]
-    m = kv.CPUOffloadingManager(capacity, cache_policy=policy)
-    hit = kv.LookupResult.HIT
+    lib = Library(
+        "kvoffload",
+        kv.__version__,
+        kv.CPUOffloadingManager,
+        kv.ReqContext,
+        kv.make_offload_key,
+        kv.LookupResult.HIT,
+    )
     contexts = [kv.ReqContext(req_id=str(i)) for i in range(len(reqs))]
-    lookup = m.lookup
-    hits = 0
-    start = time.perf_counter_ns()
-    for keys, ctx in zip(reqs, contexts, strict=True):
-        m.on_new_request(ctx)
-        n = 0
-        for key in keys:
-            if lookup(key, ctx) is not hit:
-                break
-            n += 1
-        if n:
-            m.prepare_load(keys[:n], ctx)
-            m.complete_load(keys[:n], ctx)
-            hits += n
-        if n < len(keys):
-            out = m.prepare_store(keys[n:], ctx)
-            if out is not None and out.keys_to_store:
-                m.complete_store(out.keys_to_store, ctx)
-        m.on_request_finished(ctx)
-    return hits, time.perf_counter_ns() - start
+    return compare_vllm.replay(lib, policy, capacity, reqs, contexts)
 
 
 def blocks_replay(

@@ -373,14 +373,13 @@ class CPUOffloadingManager(OffloadingManager):
     # --------------------------------------------------------------- the API
     def lookup(self, key: OffloadKey, ctx: ReqContext | None = None) -> LookupResult:
         status = self._get(key)
-        counters = self._counters
-        counters.lookups += 1
         if status is None:
+            self._counters.misses += 1
             return _MISS
         if status.ref_cnt >= 0:
-            counters.hits += 1
+            self._counters.hits += 1
             return _HIT
-        counters.hits_pending += 1
+        self._counters.hits_pending += 1
         return _HIT_PENDING
 
     def prepare_load(self, keys: Iterable[OffloadKey], ctx: ReqContext) -> CPULoadStoreSpec:
@@ -627,7 +626,8 @@ class CPUOffloadingManager(OffloadingManager):
         return RequestOffloadingContext()
 
     def on_request_finished(self, ctx: ReqContext) -> None:
-        self._check_entry()
+        if self._owner != get_ident():  # _check_entry, inline: once per request
+            self._other_thread()
         record = ctx.get_state(RequestRecord)
         if record is not None:
             record.touched.clear()

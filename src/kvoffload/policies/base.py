@@ -172,6 +172,23 @@ class CachePolicy(ABC):
                     raise already_stored(key)
                 seen.add(key)
 
+    def _add_blocks(self, keys: Sequence[OffloadKey], blocks: Sequence[BlockStatus]) -> None:
+        """Add ``keys`` to the table in one update, for a batched ``insert_many``.
+
+        The same double-insert rule as :meth:`_require_absent` (``ValueError``, nothing
+        changed) for about a third of its cost: one ``isdisjoint`` against the table, and a
+        repeated key found by the table growing less than the batch (then undone).
+        """
+        table = self._blocks
+        if not table.keys().isdisjoint(keys):
+            self._require_absent(keys)  # raises: one of them is stored
+        before = len(table)
+        table.update(zip(keys, blocks, strict=True))
+        if len(table) - before != len(keys):  # a key given twice: nothing may change
+            for key in keys:
+                table.pop(key, None)
+            self._require_absent(keys)  # raises for the repeated key
+
     @abstractmethod
     def insert(
         self, key: OffloadKey, block: BlockStatus, req_context: ReqContext | None = None

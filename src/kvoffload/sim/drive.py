@@ -94,7 +94,7 @@ def access_blocks(
         stored += 1
     pool.num_evictable = evictable
     counters = m.counters
-    counters.lookups += len(results)
+    counters.misses += len(results) - hits - pending
     counters.hits += hits
     counters.hits_pending += pending
     counters.loads += hits
