@@ -100,15 +100,14 @@ class MQCachePolicy(CachePolicy):
         blocks: Sequence[BlockStatus],
         req_context: ReqContext | None = None,
     ) -> None:
-        self._require_absent(keys)
         if len(keys) != len(blocks):
             raise ValueError(f"{len(keys)} keys but {len(blocks)} blocks")
-        statuses, freqs, queue_of = self._blocks, self._freq, self._queue
+        self._add_blocks(keys, blocks)
+        freqs, queue_of = self._freq, self._queue
         revived, qout = self._revived, self._qout
         last_queue = self.num_queues - 1
         ready = False
         for key, block in zip(keys, blocks, strict=True):
-            statuses[key] = block
             if key in revived:  # a Qout hit seen by touch: its count resumes (_insert, inlined)
                 freq = freqs[key] = revived.pop(key) + 1
                 qout.pop(key, None)
