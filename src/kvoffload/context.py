@@ -9,7 +9,7 @@ work when a hint is missing.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from types import MappingProxyType
 from typing import Any, TypeVar
 
@@ -87,4 +87,10 @@ class ReqContext:
         return self._state.get(cls)  # type: ignore[return-value]  # keyed by exact type
 
 
-__all__ = ["ReqContext"]
+#: The fields a copy of a request's context carries (its hints and key positions): all but the
+#: engine's raw parameters and the components' per-request state.
+HINT_FIELDS: tuple[str, ...] = tuple(
+    f.name for f in fields(ReqContext) if f.name not in ("kv_transfer_params", "_state")
+)
+
+__all__ = ["HINT_FIELDS", "ReqContext"]

@@ -15,7 +15,7 @@ import pytest
 
 from kvoffload.context import ReqContext
 from kvoffload.keys import OffloadKey
-from kvoffload.policies import BUILTIN_POLICIES
+from kvoffload.policies import BUILTIN_POLICIES, CachePolicyFactory
 from kvoffload.policies.base import BlockStatus, CachePolicy
 from kvoffload.testing import int_key
 
@@ -168,3 +168,14 @@ def test_inserting_a_stored_key_raises_and_keeps_the_sizes(
     # and wtinylfu's window said 1 with no block left).
     assert policy.stats() == twin.stats()
     assert len(policy) == 0
+
+
+@pytest.mark.parametrize("name", ["lru", "lfuda", "mq", "s3fifo", "wtinylfu"])
+def test_a_batched_insert_of_unequal_lengths_raises_and_changes_nothing(name: str) -> None:
+    """The batched inserts built on ``_add_blocks`` check the lengths before any update (a
+    ``zip(strict=True)`` alone would raise half-way, with some keys stored)."""
+    cls = CachePolicyFactory.get_cache_policy_cls(name)
+    policy = cls(8)
+    with pytest.raises(ValueError, match="2 keys but 1 blocks"):
+        policy.insert_many([int_key(1), int_key(2)], [BlockStatus(0, -1)])
+    assert len(policy) == 0 and policy.get(int_key(1)) is None

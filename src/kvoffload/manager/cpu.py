@@ -626,8 +626,7 @@ class CPUOffloadingManager(OffloadingManager):
         return RequestOffloadingContext()
 
     def on_request_finished(self, ctx: ReqContext) -> None:
-        if self._owner != get_ident():  # _check_entry, inline: once per request
-            self._other_thread()
+        self._check_entry()
         record = ctx.get_state(RequestRecord)
         if record is not None:
             record.touched.clear()

@@ -31,7 +31,7 @@ from kvoffload.policies.victims import (
     append_absent,
     next_unprotected,
     protected_disjoint,
-    ref_count,
+    ready_keys,
 )
 
 
@@ -80,11 +80,9 @@ class ARCCachePolicy(CachePolicy):
         # Only new keys: all go to T1, and one trim at the end drops what per-insert trims
         # would have dropped (|T1| only grows, ghosts only shrink, both from their LRU ends).
         self._blocks.update(zip(keys, blocks, strict=True))
-        if 0 in map(ref_count, blocks):  # usually none: the manager inserts pending blocks
-            t1_order = self._t1_order
-            for key, block in zip(keys, blocks, strict=True):  # (setitems beat .update)
-                if block.ref_cnt == 0:
-                    t1_order[key] = None
+        t1_order = self._t1_order
+        for key in ready_keys(keys, blocks):  # (setitems beat .update)
+            t1_order[key] = None
         self._trim_ghosts()
 
     def _insert_one(self, key: OffloadKey, block: BlockStatus) -> None:

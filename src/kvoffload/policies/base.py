@@ -177,8 +177,11 @@ class CachePolicy(ABC):
 
         The same double-insert rule as :meth:`_require_absent` (``ValueError``, nothing
         changed) for about a third of its cost: one ``isdisjoint`` against the table, and a
-        repeated key found by the table growing less than the batch (then undone).
+        repeated key found by the table growing less than the batch (then undone). Unequal
+        lengths are a ``ValueError`` before anything changes, too.
         """
+        if len(keys) != len(blocks):
+            raise ValueError(f"insert_many: {len(keys)} keys but {len(blocks)} blocks")
         table = self._blocks
         if not table.keys().isdisjoint(keys):
             self._require_absent(keys)  # raises: one of them is stored

@@ -34,7 +34,7 @@ from itertools import islice
 from kvoffload.context import ReqContext
 from kvoffload.keys import OffloadKey
 from kvoffload.policies.base import BlockStatus, CachePolicy, Victims, already_stored
-from kvoffload.policies.victims import protected_disjoint, ref_count
+from kvoffload.policies.victims import protected_disjoint, ready_keys
 
 
 class LFUDACachePolicy(CachePolicy):
@@ -83,10 +83,8 @@ class LFUDACachePolicy(CachePolicy):
         """
         self._add_blocks(keys, blocks)
         self._state.update(dict.fromkeys(keys, (1, self._age + 1)))
-        if 0 in map(ref_count, blocks):  # usually none: the manager inserts pending blocks
-            for key, block in zip(keys, blocks, strict=True):
-                if block.ref_cnt == 0:
-                    self._push(key)
+        for key in ready_keys(keys, blocks):
+            self._push(key)
 
     def mark_evictable_many(self, keys: Sequence[OffloadKey]) -> None:
         """Each key into its priority's bucket, the bucket looked up once per run of equal

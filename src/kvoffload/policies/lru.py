@@ -15,7 +15,7 @@ from itertools import islice
 from kvoffload.context import ReqContext
 from kvoffload.keys import OffloadKey
 from kvoffload.policies.base import BlockStatus, CachePolicy, Victims, already_stored
-from kvoffload.policies.victims import append_absent, protected_disjoint, ref_count
+from kvoffload.policies.victims import append_absent, protected_disjoint, ready_keys
 
 
 class LRUCachePolicy(CachePolicy):
@@ -48,17 +48,15 @@ class LRUCachePolicy(CachePolicy):
 
         Kept below the 10% the batching rule asks, for the speed it keeps: with
         :meth:`mark_evictable_many` it reads 1.04-1.10x over the base loop in
-        ``policy_cost.py --base-loops`` (idle, 11-21 runs) and saves 8.6% of the instructions
-        of the manager's prefix replay of the shared trace at 5% (callgrind); without the two,
-        that replay runs 1.14x the instructions of the round's start (``c0e8567``), with them
-        1.05x.
+        ``policy_cost.py --base-loops`` (idle, 11-21 runs) and saves 8.6% of the
+        instructions of the manager's prefix replay of the shared trace at 5%
+        (``ab_instructions.py``); without the two, that replay runs 1.14x the instructions
+        of the round's start (``c0e8567``), with them 1.05x.
         """
         self._add_blocks(keys, blocks)
-        if 0 in map(ref_count, blocks):  # usually none: the manager inserts pending blocks
-            evictable = self._evictable
-            for key, block in zip(keys, blocks, strict=True):
-                if block.ref_cnt == 0:
-                    evictable[key] = None
+        evictable = self._evictable
+        for key in ready_keys(keys, blocks):
+            evictable[key] = None
 
     def mark_evictable_many(self, keys: Sequence[OffloadKey]) -> None:
         """New entries appended in one pass (completed stores and loads, the usual case);

@@ -100,8 +100,6 @@ class MQCachePolicy(CachePolicy):
         blocks: Sequence[BlockStatus],
         req_context: ReqContext | None = None,
     ) -> None:
-        if len(keys) != len(blocks):
-            raise ValueError(f"{len(keys)} keys but {len(blocks)} blocks")
         self._add_blocks(keys, blocks)
         freqs, queue_of = self._freq, self._queue
         revived, qout = self._revived, self._qout

@@ -37,7 +37,7 @@ from kvoffload._checks import check_callable, check_int, check_number
 from kvoffload.context import ReqContext
 from kvoffload.keys import OffloadKey
 from kvoffload.policies.base import BlockStatus, CachePolicy, Victims, already_stored
-from kvoffload.policies.victims import first_unprotected, protected_disjoint, ref_count
+from kvoffload.policies.victims import first_unprotected, protected_disjoint, ready_keys
 
 MIN_PRIORITY = 0
 MAX_PRIORITY = 100
@@ -265,10 +265,8 @@ class RetentionCachePolicy(CachePolicy):
             super().insert_many(keys, blocks, req_context)
             return
         self._level.update(dict.fromkeys(keys, level))
-        if 0 in map(ref_count, blocks):  # usually none: the manager inserts pending blocks
-            for key, block in zip(keys, blocks, strict=True):
-                if block.ref_cnt == 0:
-                    self._list(key)
+        for key in ready_keys(keys, blocks):
+            self._list(key)
 
     def remove(self, key: OffloadKey) -> None:
         if key not in self._blocks:

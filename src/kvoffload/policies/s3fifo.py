@@ -51,7 +51,7 @@ from kvoffload._checks import check_int, check_number
 from kvoffload.context import ReqContext
 from kvoffload.keys import OffloadKey
 from kvoffload.policies.base import BlockStatus, CachePolicy, Victims, already_stored
-from kvoffload.policies.victims import protected_disjoint, ref_count
+from kvoffload.policies.victims import protected_disjoint, ready_keys
 
 _MAX_FREQ = 3  # 2-bit counters
 
@@ -137,11 +137,7 @@ class S3FIFOCachePolicy(CachePolicy):
         for key in keys:
             freq[key] = 0
             small[key] = None
-        if 0 in map(ref_count, blocks):  # usually none: the manager inserts pending blocks
-            evictable = self._evictable_small
-            for key, block in zip(keys, blocks, strict=True):
-                if block.ref_cnt == 0:
-                    evictable.add(key)
+        self._evictable_small.update(ready_keys(keys, blocks))
 
     def mark_evictable_many(self, keys: Sequence[OffloadKey]) -> None:
         """Keys all in S or all in M (completed stores are in S) in one set update; a mix

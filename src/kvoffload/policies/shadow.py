@@ -38,7 +38,7 @@ from itertools import compress
 from operator import not_
 
 from kvoffload._checks import check_int, check_number
-from kvoffload.context import ReqContext
+from kvoffload.context import HINT_FIELDS, ReqContext
 from kvoffload.keys import OffloadKey
 from kvoffload.policies.base import BlockStatus, CachePolicy
 from kvoffload.policies.factory import create_cache_policy
@@ -296,19 +296,10 @@ def copy_context(ctx: ReqContext) -> ReqContext:
 
 
 def refresh_context(copy: ReqContext, ctx: ReqContext) -> None:
-    """Bring a :func:`copy_context` copy's hints up to ``ctx``'s current ones (state kept)."""
-    copy.req_id = ctx.req_id
-    copy.session_id = ctx.session_id
-    copy.priority = ctx.priority
-    copy.priority_duration_s = ctx.priority_duration_s
-    copy.category = ctx.category
-    copy.timestamp = ctx.timestamp
-    copy.prefix_hit_blocks = ctx.prefix_hit_blocks
-    copy.num_blocks = ctx.num_blocks
-    copy.partial_tail_key = ctx.partial_tail_key
-    copy.prompt_tokens = ctx.prompt_tokens
-    copy.output_tokens = ctx.output_tokens
-    copy._positions = ctx._positions  # read-only for policies: share, do not copy
+    """Bring a :func:`copy_context` copy's hints up to ``ctx``'s current ones (state kept;
+    the key positions shared: read-only for policies)."""
+    for name in HINT_FIELDS:
+        setattr(copy, name, getattr(ctx, name))
 
 
 @dataclass(frozen=True)
@@ -418,12 +409,7 @@ class ShadowEvaluator:
         """Feed one access per key (in order) to every miniature; return how many sampled."""
         keys = keys if isinstance(keys, (list, tuple)) else list(keys)
         self.seen += len(keys)
-        threshold = self.threshold
-        if threshold < _HASH_SPACE:  # :meth:`sampled`, inlined: this runs on every call
-            crc = zlib.crc32
-            picked = [k for k in keys if (crc(k) * _MIX) & _MASK < threshold]
-        else:
-            picked = list(keys)
+        picked = self.sampled(keys)
         if not picked:
             return 0
         minis = self._minis

@@ -7,12 +7,26 @@ from collections import OrderedDict
 from collections.abc import Collection, Iterable, Iterator, Sequence
 from itertools import chain, filterfalse, islice
 from operator import attrgetter
+from typing import TYPE_CHECKING
 
 from kvoffload.keys import OffloadKey
+
+if TYPE_CHECKING:
+    from kvoffload.policies.base import BlockStatus
 
 # ``BlockStatus.ref_cnt`` as a C-level getter: ``0 in map(ref_count, blocks)`` finds a ready
 # block among many without a Python loop (the manager inserts pending blocks, so usually none).
 ref_count = attrgetter("ref_cnt")
+
+
+def ready_keys(keys: Sequence[OffloadKey], blocks: Sequence[BlockStatus]) -> list[OffloadKey]:
+    """The keys of a batched insert whose blocks came in ready (``ref_cnt == 0``), in order.
+
+    Usually none (the manager inserts pending blocks), found by one C-level pass.
+    """
+    if 0 not in map(ref_count, blocks):
+        return []
+    return [key for key, block in zip(keys, blocks, strict=True) if block.ref_cnt == 0]
 
 
 def protected_disjoint(protected: Collection[OffloadKey], keys: list[OffloadKey]) -> bool:
@@ -61,5 +75,6 @@ __all__ = [
     "first_unprotected",
     "next_unprotected",
     "protected_disjoint",
+    "ready_keys",
     "ref_count",
 ]

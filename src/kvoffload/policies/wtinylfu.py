@@ -41,7 +41,7 @@ from kvoffload.context import ReqContext
 from kvoffload.keys import OffloadKey
 from kvoffload.policies.base import BlockStatus, CachePolicy, Victims, already_stored
 from kvoffload.policies.frequency_sketch import FrequencySketch
-from kvoffload.policies.victims import append_absent, protected_disjoint, ref_count
+from kvoffload.policies.victims import append_absent, protected_disjoint, ready_keys
 
 WINDOW, PROBATION, PROTECTED = 0, 1, 2
 STEP_FRACTION = 0.0625
@@ -133,15 +133,14 @@ class WTinyLFUCachePolicy(CachePolicy):
         """
         self._add_blocks(keys, blocks)
         self._sizes[WINDOW] += len(keys)
-        if 0 in map(ref_count, blocks):  # usually none: the manager inserts pending blocks
-            window, parked = self._orders[WINDOW], self._parked[WINDOW]
-            for key, block in zip(keys, blocks, strict=True):
-                if block.ref_cnt == 0:
-                    window[key] = None
-                else:
-                    parked.add(key)
-        else:
-            self._parked[WINDOW].update(keys)
+        parked = self._parked[WINDOW]
+        parked.update(keys)
+        ready = ready_keys(keys, blocks)
+        if ready:  # inserted ready: evictable at once, in order
+            parked.difference_update(ready)
+            window = self._orders[WINDOW]
+            for key in ready:
+                window[key] = None
 
     def mark_evictable_many(self, keys: Sequence[OffloadKey]) -> None:
         """Completed stores (all parked in the window, the usual case) in one pass; anything
