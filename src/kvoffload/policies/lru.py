@@ -51,7 +51,7 @@ class LRUCachePolicy(CachePolicy):
         ``policy_cost.py --base-loops`` (idle, 11-21 runs) and saves 8.6% of the
         instructions of the manager's prefix replay of the shared trace at 5%
         (``ab_instructions.py``); without the two, that replay runs 1.14x the instructions
-        of the round's start (``c0e8567``), with them 1.05x.
+        of the round's start (``c0e8567``), with them 1.05-1.07x.
         """
         self._add_blocks(keys, blocks)
         evictable = self._evictable
