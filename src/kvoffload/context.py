@@ -87,10 +87,12 @@ class ReqContext:
         return self._state.get(cls)  # type: ignore[return-value]  # keyed by exact type
 
 
-#: The fields a copy of a request's context carries (its hints and key positions): all but the
-#: engine's raw parameters and the components' per-request state.
+#: The fields that belong to the live request, not to a copy of it: the engine's raw
+#: parameters and the components' per-request state.
+LIVE_FIELDS: tuple[str, ...] = ("kv_transfer_params", "_state")
+#: The fields a copy of a request's context carries (its hints and key positions).
 HINT_FIELDS: tuple[str, ...] = tuple(
-    f.name for f in fields(ReqContext) if f.name not in ("kv_transfer_params", "_state")
+    f.name for f in fields(ReqContext) if f.name not in LIVE_FIELDS
 )
 
-__all__ = ["HINT_FIELDS", "ReqContext"]
+__all__ = ["HINT_FIELDS", "LIVE_FIELDS", "ReqContext"]

@@ -29,10 +29,10 @@ import random
 import re
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable, Collection
+from collections.abc import Collection
 from typing import Any
 
-from kvoffload.context import ReqContext
+from kvoffload.context import LIVE_FIELDS, ReqContext
 from kvoffload.policies.base import CachePolicy
 
 FORMAT = "kvoffload.policy-state"
@@ -52,10 +52,6 @@ _FUNCTION_NAMES = {id(fn): name for name, fn in _FUNCTIONS.items()}
 #: (``auto``'s recent accesses). Their hints are kept; their per-request state and the
 #: engine's transfer params are not (they belong to the live request, not to the policy).
 _CONTEXT_CLASS = f"{ReqContext.__module__}:{ReqContext.__qualname__}"
-_CONTEXT_DROPPED: dict[str, Callable[[], object]] = {
-    "_state": dict,
-    "kv_transfer_params": lambda: None,
-}
 
 
 def _slot_names(cls: type) -> list[str]:
@@ -136,7 +132,7 @@ class _Encoder:
             if value is not _MISSING:
                 attrs[name] = self.value(value)
         for name, value in getattr(obj, "__dict__", {}).items():
-            if kind is ReqContext and name in _CONTEXT_DROPPED:
+            if kind is ReqContext and name in LIVE_FIELDS:
                 continue
             attrs[name] = self.value(value)
         return {"o": f"{kind.__module__}:{kind.__qualname__}", "a": attrs}
@@ -260,10 +256,11 @@ class _Decoder:
                 for name, value in attrs.items():
                     object.__setattr__(obj, name, self.value(value))
                 if type(obj) is ReqContext:
-                    for name, make in _CONTEXT_DROPPED.items():
+                    fresh = ReqContext()
+                    for name in LIVE_FIELDS:
                         if name in attrs:
                             raise ValueError(f"policy state: a context may not carry {name}")
-                        object.__setattr__(obj, name, make())
+                        object.__setattr__(obj, name, getattr(fresh, name))
 
 
 def restore_policy_state(
