@@ -212,7 +212,7 @@ def test_sweep_table_csv_and_plot(capsys: pytest.CaptureFixture[str], tmp_path: 
         (["--instances", "2"], "--instances needs --tiers"),
         (["--tier-write-policy", "write_back"], "--tier-write-policy needs --tiers"),
         (["--tier-policy", "arc"], "--tier-policy needs --tiers"),
-        (["--tiers", "cpu=5%", "--instances", "0"], "--instances must be >= 1"),
+        (["--tiers", "cpu=5%", "--instances", "0"], "--instances must be an int >= 1"),
     ],
 )
 def test_bad_tiers_name_the_bad_part(

@@ -66,7 +66,14 @@ from vllm.v1.kv_offload.base import (
 from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager, TransferJob
 
 from kvoffload.keys import OffloadKey, namespace_fingerprint
-from kvoffload.tiers.base import JobKind, MemoryviewSlotMemory, Presence, Tier, TierResult
+from kvoffload.tiers.base import (
+    JobKind,
+    MemoryviewSlotMemory,
+    Presence,
+    Tier,
+    TierResult,
+    check_seconds,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -185,13 +192,7 @@ class _KVOffloadSecondaryTier(SecondaryTierManager):
             getattr(events_cfg, "enable_kv_cache_events", False)
         )
         ttl = config.get("failed_load_ttl_s", 5.0)
-        if isinstance(ttl, bool) or not isinstance(ttl, (int, float)):
-            raise TypeError(
-                f"{type(self).__name__}: failed_load_ttl_s must be a number of seconds, "
-                f"got {type(ttl).__name__}"
-            )
-        if ttl < 0:
-            raise ValueError(f"{type(self).__name__}: failed_load_ttl_s must be >= 0, got {ttl}")
+        ttl = check_seconds(f"{type(self).__name__}: failed_load_ttl_s", ttl)
         self.failed_load_ttl_s = float(ttl)
         ours = {k: v for k, v in config.items() if k not in self._ADAPTER_KEYS}
         check_tier_config(

@@ -13,6 +13,7 @@ from __future__ import annotations
 import difflib
 from dataclasses import dataclass
 
+from kvoffload._checks import check_int
 from kvoffload.sim.capacity import Capacity, parse_capacity
 
 
@@ -95,10 +96,7 @@ class TierConfig:
                 f"--tier-write-policy must be one of {', '.join(WRITE_POLICIES)}, "
                 f"got {self.write_policy!r}"
             )
-        if isinstance(self.instances, bool) or not isinstance(self.instances, int):
-            raise TypeError(f"instances must be an int, got {type(self.instances).__name__}")
-        if self.instances < 1:
-            raise ValueError(f"--instances must be >= 1, got {self.instances}")
+        check_int("--instances", self.instances, 1, why=" (engines sharing the remote tiers)")
 
     @property
     def cpu(self) -> SimTier:

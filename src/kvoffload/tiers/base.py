@@ -18,12 +18,23 @@ The contract is standard-library only, so engines and the simulator can use it w
 from __future__ import annotations
 
 import enum
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
+from kvoffload._checks import check_int, check_number
 from kvoffload.keys import OffloadKey
+
+
+def check_seconds(name: str, value: object, *, positive: bool = False) -> float:
+    """A duration in seconds (or another unit the name says): ``>= 0`` (``> 0`` if
+    ``positive``), ``inf`` included (no bound); a :func:`~kvoffload._checks.check_number`
+    otherwise, so NaN is a ``ValueError`` and a non-number a ``TypeError``."""
+    if value == math.inf:
+        return math.inf
+    return check_number(name, value, 0, low_open=positive, why=" or inf")
 
 
 class Medium(str, enum.Enum):
@@ -98,10 +109,7 @@ class MemoryviewSlotMemory:
     """
 
     def __init__(self, view: memoryview, slot_bytes: int) -> None:
-        if isinstance(slot_bytes, bool) or not isinstance(slot_bytes, int):
-            raise TypeError(f"slot_bytes must be an int, got {type(slot_bytes).__name__}")
-        if slot_bytes <= 0:
-            raise ValueError(f"slot_bytes must be >= 1, got {slot_bytes}")
+        check_int("slot_bytes", slot_bytes, 1)
         self._view = view.cast("B") if view.format != "B" or view.ndim != 1 else view
         self._slot_bytes = slot_bytes
         self._num_slots = len(self._view) // slot_bytes
@@ -129,11 +137,8 @@ class BytearraySlotMemory(MemoryviewSlotMemory):
     """``num_slots`` slots of ``slot_bytes`` bytes in one ``bytearray`` (no torch needed)."""
 
     def __init__(self, slot_bytes: int, num_slots: int) -> None:
-        for name, value in (("slot_bytes", slot_bytes), ("num_slots", num_slots)):
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-            if value <= 0:
-                raise ValueError(f"{name} must be >= 1, got {value}")
+        check_int("slot_bytes", slot_bytes, 1)
+        check_int("num_slots", num_slots, 1)
         self.buffer = bytearray(slot_bytes * num_slots)
         super().__init__(memoryview(self.buffer), slot_bytes)
 

@@ -12,6 +12,9 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable
 
+from kvoffload._checks import check_int
+from kvoffload.tiers.base import check_seconds
+
 
 class BreakerState(str, enum.Enum):
     CLOSED = "closed"  # normal
@@ -40,26 +43,9 @@ class CircuitBreaker:
         max_backoff_s: float,
         clock: Callable[[], float],
     ) -> None:
-        if isinstance(threshold, bool) or not isinstance(threshold, int):
-            raise TypeError(f"breaker_threshold must be an int, got {type(threshold).__name__}")
-        if threshold < 0:
-            raise ValueError(f"breaker_threshold must be >= 0 (0 = never open), got {threshold}")
-        for name, value in (
-            ("breaker_backoff_s", backoff_s),
-            ("breaker_max_backoff_s", max_backoff_s),
-        ):
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise TypeError(f"{name} must be a number, got {type(value).__name__}")
-            if value < 0:
-                raise ValueError(f"{name} must be >= 0, got {value}")
-        if max_backoff_s < backoff_s:
-            raise ValueError(
-                f"breaker_max_backoff_s ({max_backoff_s}) must be >= "
-                f"breaker_backoff_s ({backoff_s})"
-            )
-        self.threshold = threshold
-        self.base_backoff_s = float(backoff_s)
-        self.max_backoff_s = float(max_backoff_s)
+        self.threshold, self.base_backoff_s, self.max_backoff_s = self.check_settings(
+            threshold, backoff_s, max_backoff_s
+        )
         self._clock = clock
         self.state = BreakerState.CLOSED
         self.failures = 0  # consecutive failed jobs
@@ -67,6 +53,23 @@ class CircuitBreaker:
         self.backoff_s = self.base_backoff_s
         self.opened_at = 0.0
         self.probe_in_flight = False
+
+    @staticmethod
+    def check_settings(
+        threshold: object, backoff_s: object, max_backoff_s: object
+    ) -> tuple[int, float, float]:
+        """The breaker's rules, named as a tier's settings (``breaker_threshold``, ...)."""
+        checked = (
+            check_int("breaker_threshold", threshold, 0, why=" (0: never opens)"),
+            check_seconds("breaker_backoff_s", backoff_s),
+            check_seconds("breaker_max_backoff_s", max_backoff_s),
+        )
+        if checked[2] < checked[1]:
+            raise ValueError(
+                f"breaker_max_backoff_s ({max_backoff_s}) must be >= "
+                f"breaker_backoff_s ({backoff_s})"
+            )
+        return checked
 
     def allows(self) -> bool:
         """Whether the tier may take work now (moves OPEN to HALF_OPEN once the wait is over)."""

@@ -34,8 +34,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from kvoffload._checks import check_int
 from kvoffload.tiers.base import SlotMemory, Tier
-from kvoffload.tiers.manager import SecondaryTier, WritePolicy
+from kvoffload.tiers.manager import SecondaryTier, check_tier_settings
 from kvoffload.tiers.registry import available_tiers, get_tier_cls
 
 logger = logging.getLogger(__name__)
@@ -241,10 +242,8 @@ def parse_tier(raw: Mapping[str, Any], index: int = 0) -> TierConfig:
         if key in ("type", "module_path"):
             continue
         if key in ("n_read_threads", "n_write_threads") and "io_threads" in accepted:
-            threads.append(value)
+            threads.append(check_int(f"config '{where}.{key}'", value))
             key = "io_threads"
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise TypeError(f"config '{where}.{key}' must be an int, got {value!r}")
             value = max(threads)
         key = KEY_ALIASES.get(key, key)
         if key in REPLACED_KEYS:
@@ -261,9 +260,7 @@ def parse_tier(raw: Mapping[str, Any], index: int = 0) -> TierConfig:
                 f"Accepted keys: {', '.join(options)}"
             )
         if key.endswith("_bytes"):
-            value = parse_bytes(f"{where}.{key}", value)
-            if value < 0:
-                raise ValueError(f"config '{where}.{key}' must be >= 0, got {value}")
+            value = check_int(f"config '{where}.{key}'", parse_bytes(f"{where}.{key}", value), 0)
         allowed = _simple_types(hints.get(key))
         if allowed is not None:
             _check_type(f"{where}.{key}", value, allowed)
@@ -277,48 +274,12 @@ def parse_tier(raw: Mapping[str, Any], index: int = 0) -> TierConfig:
         manager["max_inflight_bytes"] = parse_bytes(
             f"{where}.max_inflight_bytes", manager["max_inflight_bytes"]
         )
-    policy = manager.get("write_policy", WritePolicy.WRITE_THROUGH.value)
-    try:
-        WritePolicy(policy)
-    except ValueError:
-        accepted_policies = ", ".join(p.value for p in WritePolicy)
-        raise ValueError(
-            f"config '{where}.write_policy' must be one of {accepted_policies}, got {policy!r}"
-        ) from None
     manager.setdefault("label", None)
-    if manager["label"] is not None and not isinstance(manager["label"], str):
-        raise TypeError(f"config '{where}.label' must be a string, got {manager['label']!r}")
-    try:  # the manager keys' own checks, without a tier: a probe of the dataclass rules
-        _check_manager_keys(where, manager)
+    try:  # the dataclass's own rules, without a tier
+        check_tier_settings(manager)
     except (TypeError, ValueError) as exc:
         raise type(exc)(f"config '{where}': {exc}") from None
     return TierConfig(name, cls, params, manager, index)
-
-
-def _check_manager_keys(where: str, manager: Mapping[str, Any]) -> None:
-    ints = ("store_threshold", "max_inflight_bytes", "lookup_retries", "write_back_reserve_blocks")
-    for key in ints:
-        if key in manager:
-            value = manager[key]
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise TypeError(f"'{key}' must be an int, got {type(value).__name__} {value!r}")
-            if value < 0:
-                raise ValueError(f"'{key}' must be >= 0, got {value}")
-    for key in ("breaker_backoff_s", "breaker_max_backoff_s"):
-        if key in manager:
-            value = manager[key]
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise TypeError(f"'{key}' must be a number, got {value!r}")
-            if value < 0:
-                raise ValueError(f"'{key}' must be >= 0, got {value}")
-    if "breaker_threshold" in manager:
-        value = manager["breaker_threshold"]
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise TypeError(f"'breaker_threshold' must be an int, got {value!r}")
-        if value < 0:
-            raise ValueError(f"'breaker_threshold' must be >= 0, got {value}")
-    if "fill" in manager and not isinstance(manager["fill"], bool):
-        raise TypeError(f"'fill' must be true or false, got {manager['fill']!r}")
 
 
 def parse_tiers(raw: Any) -> tuple[TierConfig, ...]:

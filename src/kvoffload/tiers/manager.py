@@ -39,6 +39,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from kvoffload._checks import check_bool, check_int
 from kvoffload.admission import AdmissionFilter, StoreAfterNOffers
 from kvoffload.context import ReqContext
 from kvoffload.events import OffloadingEvent
@@ -54,7 +55,14 @@ from kvoffload.manager import (
 )
 from kvoffload.manager.keyargs import key_list
 from kvoffload.policies import CachePolicy, SwitchReport
-from kvoffload.tiers.base import JobKind, Presence, SlotMemory, Tier, TierResult
+from kvoffload.tiers.base import (
+    JobKind,
+    Presence,
+    SlotMemory,
+    Tier,
+    TierResult,
+    check_seconds,
+)
 from kvoffload.tiers.breaker import BREAKER_GAUGE, BreakerState, CircuitBreaker
 
 logger = logging.getLogger(__name__)
@@ -116,29 +124,52 @@ class SecondaryTier:
     def __post_init__(self) -> None:
         if not isinstance(self.tier, Tier):
             raise TypeError(f"tier must be a Tier, got {type(self.tier).__name__}")
-        try:
-            self.write_policy = WritePolicy(self.write_policy)
-        except ValueError:
-            accepted = ", ".join(p.value for p in WritePolicy)
-            raise ValueError(
-                f"write_policy must be one of {accepted}, got {self.write_policy!r}"
-            ) from None
-        for name in (
-            "store_threshold",
-            "max_inflight_bytes",
-            "lookup_retries",
-            "write_back_reserve_blocks",
-        ):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-            if value < 0:
-                raise ValueError(f"{name} must be >= 0, got {value}")
+        check_tier_settings({name: getattr(self, name) for name in _SETTING_DEFAULTS})
+        self.write_policy = WritePolicy(self.write_policy)
         if self.admission is not None and not isinstance(self.admission, AdmissionFilter):
             raise TypeError(
                 "admission must provide admit(keys, ctx) and reset(), got "
                 f"{type(self.admission).__name__}"
             )
+
+
+#: SecondaryTier's settings (every field but ``tier`` and ``admission``) and their defaults.
+_SETTING_DEFAULTS: dict[str, Any] = {
+    f.name: f.default for f in fields(SecondaryTier) if f.name not in ("tier", "admission")
+}
+#: Its int settings (each >= 0), with what 0 means where it means something.
+_INT_SETTINGS = {
+    "store_threshold": "",
+    "max_inflight_bytes": " (0: no bound)",
+    "lookup_retries": "",
+    "write_back_reserve_blocks": " (0: a sixteenth of the CPU tier)",
+}
+
+
+def check_tier_settings(settings: Mapping[str, Any]) -> None:
+    """:class:`SecondaryTier`'s rules for its settings (``settings`` over the defaults).
+
+    The dataclass checks its fields with it, and a ``tiers`` config its manager keys before
+    any tier is built, so both give the same error for the same key.
+    """
+    given = {**_SETTING_DEFAULTS, **settings}
+    for name, why in _INT_SETTINGS.items():
+        check_int(name, given[name], 0, why=why)
+    CircuitBreaker.check_settings(
+        given["breaker_threshold"], given["breaker_backoff_s"], given["breaker_max_backoff_s"]
+    )
+    check_bool("fill", given["fill"])
+    label = given["label"]
+    if label is not None and not isinstance(label, str):
+        raise TypeError(f"label must be a str or None, got {type(label).__name__} {label!r}")
+    policy = given["write_policy"]
+    values = tuple(p.value for p in WritePolicy)
+    if not isinstance(policy, str) or policy not in values:  # a member is a str too
+        error = ValueError if isinstance(policy, str) else TypeError
+        raise error(
+            f"write_policy must be one of {', '.join(values)}, got "
+            f"{type(policy).__name__} {policy!r}"
+        )
 
 
 @dataclass(frozen=True)
@@ -282,26 +313,15 @@ class TieringManager(OffloadingManager):
             raise ValueError(
                 f"memory has {memory.num_slots} slots but the CPU tier has {cpu.num_blocks} blocks"
             )
-        if isinstance(drain_timeout_s, bool) or not isinstance(drain_timeout_s, (int, float)):
-            raise TypeError(
-                f"drain_timeout_s must be a number, got {type(drain_timeout_s).__name__}"
-            )
-        if drain_timeout_s < 0:
-            raise ValueError(f"drain_timeout_s must be >= 0, got {drain_timeout_s}")
-        if isinstance(write_back_wait_s, bool) or not isinstance(write_back_wait_s, (int, float)):
-            raise TypeError(
-                f"write_back_wait_s must be a number, got {type(write_back_wait_s).__name__}"
-            )
-        if write_back_wait_s < 0:
-            raise ValueError(f"write_back_wait_s must be >= 0, got {write_back_wait_s}")
-        if isinstance(max_negative, bool) or not isinstance(max_negative, int) or max_negative < 0:
-            raise ValueError(f"max_negative must be an int >= 0, got {max_negative!r}")
+        drain_timeout_s = check_seconds("drain_timeout_s", drain_timeout_s)
+        write_back_wait_s = check_seconds("write_back_wait_s", write_back_wait_s)
+        check_int("max_negative", max_negative, 0, why=" (failed reads remembered per tier)")
         self.cpu = cpu
         self.memory = memory
         self.slot_bytes = memory.slot_bytes
         self._clock = clock
-        self.drain_timeout_s = float(drain_timeout_s)
-        self.write_back_wait_s = float(write_back_wait_s)
+        self.drain_timeout_s = drain_timeout_s
+        self.write_back_wait_s = write_back_wait_s
         self._max_negative = max_negative
         self._tiers: list[_TierState] = []
         seen: Counter[str] = Counter()
@@ -1026,4 +1046,5 @@ __all__ = [
     "TieringStats",
     "WritePolicy",
     "breaker_state",
+    "check_tier_settings",
 ]

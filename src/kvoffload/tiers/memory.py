@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvoffload._checks import check_int
 from kvoffload.keys import OffloadKey
 from kvoffload.policies import BlockStatus, CachePolicy, create_cache_policy
 from kvoffload.tiers.base import (
@@ -31,6 +32,7 @@ from kvoffload.tiers.base import (
     TierHealth,
     TierJob,
     TierResult,
+    check_seconds,
 )
 
 
@@ -82,19 +84,10 @@ class MemoryTier(Tier):
         name: str = "memory",
     ) -> None:
         super().__init__(memory)
-        for label, value in (
-            ("capacity_bytes", capacity_bytes),
-            ("max_batch", max_batch),
-            ("latency_polls", latency_polls),
-        ):
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise TypeError(f"{label} must be an int, got {type(value).__name__}")
-            if value < 0:
-                raise ValueError(f"{label} must be >= 0, got {value}")
-        if isinstance(latency_s, bool) or not isinstance(latency_s, (int, float)):
-            raise TypeError(f"latency_s must be a number, got {type(latency_s).__name__}")
-        if latency_s < 0:
-            raise ValueError(f"latency_s must be >= 0, got {latency_s}")
+        check_int("capacity_bytes", capacity_bytes, 0)
+        check_int("max_batch", max_batch, 0, why=" (0: no limit)")
+        check_int("latency_polls", latency_polls, 0)
+        check_seconds("latency_s", latency_s)
         if not isinstance(medium, Medium):
             raise TypeError(f"medium must be a Medium, got {type(medium).__name__}")
         self.name = name

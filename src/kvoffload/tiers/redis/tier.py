@@ -44,6 +44,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+from kvoffload._checks import check_int
 from kvoffload.keys import OffloadKey
 from kvoffload.tiers.base import (
     JobKind,
@@ -55,6 +56,7 @@ from kvoffload.tiers.base import (
     TierCapabilities,
     TierHealth,
     TierResult,
+    check_seconds,
 )
 from kvoffload.tiers.redis.records import RecordCodec, RecordError
 
@@ -77,17 +79,6 @@ except ImportError:  # pragma: no cover - redis-py < 5: records go through pipel
 
 _DEFAULT_MAX_VALUE = 512 * 2**20  # redis.conf proto-max-bulk-len default
 _KEY_CHARS_OK = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.")
-
-
-def _check_positive(name: str, value: object, kind: type = int) -> Any:
-    if isinstance(value, bool) or not isinstance(value, (int, float) if kind is float else int):
-        raise TypeError(
-            f"{name} must be {'a number' if kind is float else 'an int'}, "
-            f"got {type(value).__name__}"
-        )
-    if value <= 0:
-        raise ValueError(f"{name} must be > 0, got {value}")
-    return value
 
 
 class RedisTier(Tier):
@@ -160,18 +151,23 @@ class RedisTier(Tier):
             raise ImportError("the redis tier needs redis-py: pip install 'kvoffload[redis]'")
         if isinstance(namespace, str):
             namespace = namespace.encode()
-        if not isinstance(namespace, bytes) or not namespace:
-            raise TypeError("namespace must be non-empty bytes or str")
+        if not isinstance(namespace, bytes):
+            raise TypeError(
+                f"namespace must be non-empty bytes or str, got {type(namespace).__name__}"
+            )
+        if not namespace:
+            raise ValueError("namespace must be non-empty bytes or str, got an empty one")
         if isinstance(secret, str):
             secret = secret.encode()
-        if not isinstance(prefix, str) or not prefix or not set(prefix) <= _KEY_CHARS_OK:
+        if not isinstance(prefix, str):
+            raise TypeError(f"prefix must be a str of letters, digits or '-_.', got {prefix!r}")
+        if not prefix or not set(prefix) <= _KEY_CHARS_OK:
             raise ValueError(f"prefix must be letters, digits or '-_.', got {prefix!r}")
         if lookup not in ("async", "sync"):
             raise ValueError(f"lookup must be 'async' or 'sync', got {lookup!r}")
         if hash_tag not in ("none", "namespace"):
             raise ValueError(f"hash_tag must be 'none' or 'namespace', got {hash_tag!r}")
-        if isinstance(ttl_ms, bool) or not isinstance(ttl_ms, int) or ttl_ms < 0:
-            raise ValueError(f"ttl_ms must be an int >= 0, got {ttl_ms!r}")
+        check_int("ttl_ms", ttl_ms, 0, why=" (0: no expiry)")
         for pname, pvalue in (
             ("op_timeout_s", op_timeout_s),
             ("lookup_deadline_ms", lookup_deadline_ms),
@@ -180,7 +176,7 @@ class RedisTier(Tier):
             ("backoff_s", backoff_s),
             ("max_backoff_s", max_backoff_s),
         ):
-            _check_positive(pname, pvalue, float)
+            check_seconds(pname, pvalue, positive=True)
         for pname, pvalue in (
             ("verdict_cache_entries", verdict_cache_entries),
             ("max_inflight_bytes", max_inflight_bytes),
@@ -188,7 +184,7 @@ class RedisTier(Tier):
             ("workers", workers),
             ("max_value_bytes", max_value_bytes),
         ):
-            _check_positive(pname, pvalue)
+            check_int(pname, pvalue, 1)
         self.codec = RecordCodec(namespace=namespace, secret=secret, algorithm=checksum)
         ns_text = (
             namespace.hex() if not namespace.isascii() or b":" in namespace else namespace.decode()
