@@ -208,7 +208,9 @@ def test_workload_knobs(capsys: pytest.CaptureFixture[str]) -> None:
     assert "unknown workload knob 'nope'" in run_error(
         capsys, "bounds", "--workload-param", "nope=1"
     )
-    assert "takes a float" in run_error(capsys, "bounds", "--workload-param", "think_time_s=x")
+    assert "workload think_time_s must be a finite number" in run_error(
+        capsys, "bounds", "--workload-param", "think_time_s=x"
+    )
 
 
 def test_errors_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

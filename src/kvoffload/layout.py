@@ -20,6 +20,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from kvoffload._checks import check_int
+
 KINDS = ("kv_first", "blocks_first", "mla")
 
 #: dtype name -> element size in bytes. fp8 caches may also be given as ``uint8``.
@@ -50,14 +52,6 @@ def dtype_name(dtype: Any) -> str:
     return name[len("torch.") :] if name.startswith("torch.") else name
 
 
-def _positive_int(value: Any, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{what} must be an int, got {type(value).__name__}")
-    if value <= 0:
-        raise ValueError(f"{what} must be >= 1, got {value}")
-    return value
-
-
 @dataclass(frozen=True)
 class KVTensorLayout:
     """One engine KV-cache tensor: its name, kind, shape, dtype and KV-cache group."""
@@ -78,19 +72,18 @@ class KVTensorLayout:
                 f"{where}: dtype {self.dtype!r} is not supported; use one of "
                 f"{sorted(DTYPE_SIZES)} (store fp8 caches as uint8 if your torch lacks fp8)"
             )
-        if isinstance(self.group, bool) or not isinstance(self.group, int) or self.group < 0:
-            raise ValueError(f"{where}: group must be an int >= 0, got {self.group!r}")
+        check_int(f"{where}: group", self.group, 0)
         shape = tuple(self.shape)
         object.__setattr__(self, "shape", shape)
         expected = _EXPECTED_SHAPES[self.kind]
         rank = 3 if self.kind == "mla" else 5
-        if len(shape) != rank or not all(
-            isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in shape
-        ):
+        if len(shape) != rank:
             raise ValueError(
                 f"{where}: kind {self.kind!r} needs a shape {expected} of positive ints, "
                 f"got {list(shape)}"
             )
+        for i, d in enumerate(shape):
+            check_int(f"{where}: shape[{i}]", d, 1, why=f" (kind {self.kind!r}: {expected})")
         if self.kind == "kv_first" and shape[0] != 2:
             raise ValueError(f"{where}: kind 'kv_first' needs shape[0] == 2 (K, V), got {shape[0]}")
         if self.kind == "blocks_first" and shape[1] != 2:
@@ -255,7 +248,7 @@ class KVCacheLayout:
 
     def blocks_per_chunk_for_tokens(self, tokens_per_chunk: int) -> int:
         """Device blocks per chunk for a chunk size given in tokens (vLLM's ``block_size``)."""
-        tokens_per_chunk = _positive_int(tokens_per_chunk, "block_size (tokens per chunk)")
+        tokens_per_chunk = check_int("block_size", tokens_per_chunk, 1, why=" (tokens per chunk)")
         sizes = sorted({self.block_size(g) for g in range(self.num_groups)})
         if len(sizes) != 1:
             raise ValueError(
@@ -271,7 +264,7 @@ class KVCacheLayout:
 
     def slot_layout(self, blocks_per_chunk: int = 1) -> HostSlotLayout:
         """The host slot for chunks of ``blocks_per_chunk`` device blocks."""
-        bpc = _positive_int(blocks_per_chunk, "blocks_per_chunk")
+        bpc = check_int("blocks_per_chunk", blocks_per_chunk, 1)
         regions = []
         pages = []
         for g in range(self.num_groups):
@@ -289,10 +282,13 @@ class KVCacheLayout:
         return HostSlotLayout(bpc, slot_bytes, tuple(regions), word)
 
     def _check_group(self, group: int) -> int:
-        if isinstance(group, bool) or not isinstance(group, int):
-            raise TypeError(f"group must be an int, got {type(group).__name__}")
-        if not 0 <= group < len(self._groups):
-            raise ValueError(f"group must be in [0, {len(self._groups) - 1}], got {group}")
+        # Per job part (worker._parts): check inline and call the validator only to raise.
+        if (
+            isinstance(group, bool)
+            or not isinstance(group, int)
+            or not 0 <= group < len(self._groups)
+        ):
+            check_int("group", group, 0, len(self._groups) - 1)
         return group
 
     def __eq__(self, other: object) -> bool:
@@ -307,10 +303,8 @@ class KVCacheLayout:
 
 def slots_for_budget(slot_bytes: int, budget_bytes: int) -> int:
     """``budget_bytes // slot_bytes``, refusing a budget that holds no slot at all."""
-    if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, int):
-        raise TypeError(f"budget_bytes must be an int, got {type(budget_bytes).__name__}")
-    if slot_bytes <= 0:
-        raise ValueError(f"slot_bytes must be >= 1, got {slot_bytes}")
+    check_int("budget_bytes", budget_bytes)
+    check_int("slot_bytes", slot_bytes, 1)
     num_slots = budget_bytes // slot_bytes
     if num_slots < 1:
         raise ValueError(

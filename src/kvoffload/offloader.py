@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import math
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -27,6 +28,7 @@ from typing import Any
 
 import torch
 
+from kvoffload._checks import check_int, check_number
 from kvoffload.context import ReqContext
 from kvoffload.keys import OffloadKey, make_offload_key
 from kvoffload.layout import KVCacheLayout
@@ -108,10 +110,8 @@ class KVOffloader:
         tier_wait_s: float = 2.0,
         **config: Any,
     ) -> None:
-        if isinstance(tier_wait_s, bool) or not isinstance(tier_wait_s, (int, float)):
-            raise TypeError(f"tier_wait_s must be a number, got {type(tier_wait_s).__name__}")
-        if tier_wait_s < 0:
-            raise ValueError(f"tier_wait_s must be >= 0, got {tier_wait_s}")
+        if tier_wait_s != math.inf:  # inf: wait for the tiers as long as they take
+            check_number("tier_wait_s", tier_wait_s, 0, why=" (seconds) or inf")
         self.tier_wait_s = float(tier_wait_s)
         if layout is None:
             layout = KVCacheLayout.from_tensors(kv_caches, kind, groups)
@@ -398,7 +398,7 @@ class KVOffloader:
             raise TypeError("block_hashes must be a sequence of per-block hashes, not one value")
         num_groups = self.spec.layout.num_groups
         if isinstance(group, bool) or not isinstance(group, int) or not 0 <= group < num_groups:
-            raise ValueError(f"group must be an int in [0, {num_groups - 1}], got {group!r}")
+            check_int("group", group, 0, num_groups - 1)  # raises; the valid path calls nothing
         last = range(bpc - 1, len(block_hashes), bpc)
         return [make_offload_key(block_hashes[i], group) for i in last]
 

@@ -24,7 +24,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
-from kvoffload._checks import check_int
+from kvoffload._checks import check_bool, check_int
 from kvoffload.admission import check_store_threshold
 from kvoffload.keys import namespace_fingerprint
 from kvoffload.layout import KVCacheLayout, slots_for_budget
@@ -58,15 +58,17 @@ def _check_int(name: str, value: Any, minimum: int, optional: bool = False) -> N
 def _check_bool(name: str, value: Any, optional: bool = False) -> None:
     if value is None and optional:
         return
-    if not isinstance(value, bool):
-        raise TypeError(f"config '{name}' must be true or false, got {value!r}")
+    check_bool(name, value)
 
 
 def _check_str(name: str, value: Any, optional: bool = False) -> None:
     if value is None and optional:
         return
-    if not isinstance(value, str) or not value:
-        raise TypeError(f"config '{name}' must be a non-empty string, got {value!r}")
+    accepts = f"a non-empty string{' or None' if optional else ''}"
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be {accepts}, got {type(value).__name__} {value!r}")
+    if not value:
+        raise ValueError(f"{name} must be {accepts}, got ''")
 
 
 @dataclass(frozen=True)

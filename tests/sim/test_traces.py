@@ -150,9 +150,9 @@ def test_reader_streams_and_stops_at_max_requests(tmp_path: Path) -> None:
 def test_bad_arguments_are_value_errors(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="unknown trace format"):
         TraceReader(tmp_path / "x", fmt="csv")
-    with pytest.raises(ValueError, match="block size must be a positive"):
+    with pytest.raises(ValueError, match="block_tokens must be an int >= 1"):
         TraceReader(tmp_path / "x", block_tokens=0)
-    with pytest.raises(ValueError, match="max_requests must be >= 1"):
+    with pytest.raises(ValueError, match="max_requests must be an int >= 1"):
         TraceReader(tmp_path / "x", max_requests=0)
 
 

@@ -46,7 +46,7 @@ def test_kinds_report_blocks_tokens_and_page_bytes() -> None:
         ("kv_first", (3, 10, 16, 4, 8), "shape\\[0\\] == 2"),
         ("kv_first", (2, 10, 16, 4), "needs a shape"),
         ("blocks_first", (10, 3, 16, 4, 8), "shape\\[1\\] == 2"),
-        ("mla", (10, 16, 0), "positive ints"),
+        ("mla", (10, 16, 0), "shape\\[2\\] must be an int >= 1"),
         ("mla", (10, 16, 4, 4), "needs a shape"),
         ("paged", (10, 16, 4), "kind must be one of"),
     ],

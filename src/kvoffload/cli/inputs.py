@@ -13,6 +13,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
+from kvoffload._checks import check_bool, check_int, check_number
 from kvoffload.cli.args import key_values
 from kvoffload.cli.errors import UserError
 from kvoffload.policies import (
@@ -40,12 +41,18 @@ def workload_config(args: argparse.Namespace) -> WorkloadConfig:
         if key not in knobs:
             raise UserError(f"unknown workload knob '{key}'; known: {', '.join(knobs)}")
         default = getattr(WorkloadConfig, key)
-        if isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool):
-            overrides[key] = float(value)
-        elif type(value) is not type(default):
-            raise UserError(
-                f"workload knob '{key}' takes a {type(default).__name__}, got {value!r}"
-            )
+        name = f"workload {key}"
+        try:
+            if isinstance(default, bool):
+                check_bool(name, value)
+            elif isinstance(default, int):
+                check_int(name, value)
+            elif isinstance(default, float):
+                overrides[key] = check_number(name, value)
+            elif type(value) is not type(default):
+                raise TypeError(f"{name} must be a {type(default).__name__}, got {value!r}")
+        except (TypeError, ValueError) as exc:
+            raise UserError(str(exc)) from None
     overrides["seed"] = args.seed
     if args.requests is not None:
         overrides["requests"] = args.requests
@@ -73,7 +80,7 @@ def load_input(args: argparse.Namespace) -> Trace:
         trace = load_trace(
             args.trace, args.trace_format, args.block_tokens, args.skip_bad_lines, args.max_requests
         )
-    except (ValueError, OSError, EOFError, UnicodeError, ImportError) as exc:
+    except INPUT_ERRORS as exc:  # UnicodeError is a ValueError
         raise UserError(str(exc)) from None
     if trace.skipped_lines:
         print(

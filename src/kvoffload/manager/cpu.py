@@ -94,11 +94,7 @@ class CPUOffloadingManager(OffloadingManager):
         shadow_sample_rate: float = 0.01,
         shadow_min_blocks: int = 256,
     ) -> None:
-        if isinstance(num_blocks, bool) or not isinstance(num_blocks, int):
-            raise TypeError(f"num_blocks must be an int, got {type(num_blocks).__name__}")
-        if num_blocks < 0:
-            raise ValueError(f"num_blocks must be >= 0, got {num_blocks}")
-        self.num_blocks = num_blocks
+        self.num_blocks = check_int("num_blocks", num_blocks, 0)
         if isinstance(cache_policy, CachePolicy):
             if cache_policy_params:
                 raise ValueError("cache_policy_params cannot be used with a policy instance")

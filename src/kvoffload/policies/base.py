@@ -30,6 +30,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import ClassVar
 
+from kvoffload._checks import check_int
 from kvoffload.context import ReqContext
 from kvoffload.keys import OffloadKey
 
@@ -116,11 +117,7 @@ class CachePolicy(ABC):
             cls.block_table = vars(CachePolicy)["_no_table"]  # type: ignore[method-assign]
 
     def __init__(self, cache_capacity: int) -> None:
-        if isinstance(cache_capacity, bool) or not isinstance(cache_capacity, int):
-            raise TypeError(f"cache_capacity must be an int, got {type(cache_capacity).__name__}")
-        if cache_capacity < 0:
-            raise ValueError(f"cache_capacity must be >= 0, got {cache_capacity}")
-        self.cache_capacity = cache_capacity
+        self.cache_capacity = check_int("cache_capacity", cache_capacity, 0)
         #: Every stored block (see the class docstring); subclasses maintain it.
         self._blocks: dict[OffloadKey, BlockStatus] = {}
 

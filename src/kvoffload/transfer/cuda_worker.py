@@ -33,6 +33,7 @@ from collections.abc import Iterator, Mapping, Sequence
 
 import torch
 
+from kvoffload._checks import check_int
 from kvoffload.layout import HostSlotLayout, KVCacheLayout
 from kvoffload.transfer.host import HostBuffer
 from kvoffload.transfer.views import word_dtype
@@ -80,11 +81,10 @@ class CudaTransferWorker(TransferWorker):
     ) -> None:
         if copy_mode not in COPY_MODES:
             raise ValueError(f"copy_mode must be one of {list(COPY_MODES)}, got {copy_mode!r}")
+        check_int("staging_bytes", staging_bytes, 1)  # as the config key: at least one byte
         super().__init__(layout, slot_layout, host, kv_caches)
         if self.device.type != "cuda":
             raise ValueError(f"CudaTransferWorker needs KV tensors on CUDA, got {self.device}")
-        if isinstance(staging_bytes, bool) or not isinstance(staging_bytes, int):
-            raise TypeError(f"staging_bytes must be an int, got {type(staging_bytes).__name__}")
         if not host.is_pinned:
             # Still correct, but every DMA becomes a synchronous staged copy.
             logger.warning(

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from kvoffload._checks import check_int
 from kvoffload.layout import HostSlotLayout, slots_for_budget
 
 logger = logging.getLogger(__name__)
@@ -67,11 +68,8 @@ class HostBuffer:
     """
 
     def __init__(self, slot_bytes: int, num_slots: int, pin: bool | None = None) -> None:
-        for name, value in (("slot_bytes", slot_bytes), ("num_slots", num_slots)):
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-            if value <= 0:
-                raise ValueError(f"{name} must be >= 1, got {value}")
+        check_int("slot_bytes", slot_bytes, 1)
+        check_int("num_slots", num_slots, 1)
         if pin is True and not torch.cuda.is_available():
             raise ValueError("pin=True needs CUDA, which is not available; use pin=None or False")
         self.slot_bytes = slot_bytes

@@ -14,6 +14,7 @@ import warnings
 from collections.abc import Hashable, Iterable, Iterator
 from typing import Any
 
+from kvoffload._checks import check_int
 from kvoffload.sim.records import BlockIdInterner, Trace, TraceRequest
 from kvoffload.sim.traces.base import BadRecord, ReaderState, TraceFormat, TraceFormatError
 from kvoffload.sim.traces.io import DEFAULT_MAX_LINE_BYTES, iter_lines, open_trace_binary
@@ -83,14 +84,11 @@ class TraceReader:
                 raise ValueError(
                     f"unknown trace format '{fmt}'.{hint} Choose one of {trace_format_choices()}"
                 ) from None
-        if block_tokens is not None and block_tokens < 1:
-            raise ValueError(f"block size must be a positive number of tokens, got {block_tokens}")
-        if max_requests is not None and max_requests < 1:
-            raise ValueError(f"max_requests must be >= 1, got {max_requests}")
-        if isinstance(max_line_bytes, bool) or not isinstance(max_line_bytes, int):
-            raise TypeError(f"max_line_bytes must be an int, got {max_line_bytes!r}")
-        if max_line_bytes < 1:
-            raise ValueError(f"max_line_bytes must be >= 1, got {max_line_bytes}")
+        if block_tokens is not None:
+            check_int("block_tokens", block_tokens, 1, why=" (tokens per block)", or_none=True)
+        if max_requests is not None:
+            check_int("max_requests", max_requests, 1, or_none=True)
+        check_int("max_line_bytes", max_line_bytes, 1)
         self.path = os.fspath(path)
         self.fmt = fmt
         self.skip_bad_lines = skip_bad_lines
