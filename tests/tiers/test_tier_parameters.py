@@ -89,7 +89,7 @@ def test_tier_settings_same_through_config_and_dataclass(
         with pytest.raises(error, match=f"^{name} must be") as direct:
             _secondary(**{name: value})
         raw = {"type": "memory", "capacity_bytes": 4 * SLOT, name: value}
-        with pytest.raises(error, match=f"^config 'tiers\\[0\\]") as config:
+        with pytest.raises(error, match=r"^config 'tiers\[0\]") as config:
             parse_tier(raw)
         if error is TypeError and name.endswith("_bytes"):  # the config takes '2GiB' too
             assert f"{name}' must be bytes" in str(config.value)
