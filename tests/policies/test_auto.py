@@ -99,6 +99,30 @@ def test_a_switch_replays_the_recent_accesses_into_the_new_candidate() -> None:
         assert table is not None and set(table) == set(auto.block_table)
 
 
+def test_max_history_bounds_what_a_switch_replays_and_each_switch_is_timed() -> None:
+    """A switch runs in the calling thread (the replay, then the move of every resident
+    block): ``max_history`` caps the replayed log whatever the capacity, and each switch
+    reports how long it held the thread (its event, its log line, ``auto_switch_seconds``)."""
+    replayed = {}
+    for max_history in (None, 40):
+        params = {
+            "candidates": "fifo,lru",
+            "sample_rate": 1.0,
+            "window": 100,
+            "max_history": max_history,
+        }
+        manager = CPUOffloadingManager(100, "auto", cache_policy_params=params)
+        _run(manager, _hot_and_scan(4000))
+        auto = manager.policy
+        assert isinstance(auto, AutoCachePolicy)
+        [switch] = auto.switches
+        replayed[max_history] = switch.replayed
+        assert switch.moved == 100
+        assert switch.seconds > 0.0
+        assert manager.get_stats().policy["auto_switch_seconds"] == switch.seconds
+    assert replayed[40] <= 40 < replayed[None]
+
+
 def test_a_recent_lead_the_long_run_does_not_confirm_is_not_followed() -> None:
     """The same clear recent lead (LRU over FIFO) switches only when the long run agrees."""
     params = {"candidates": "fifo,lru", "sample_rate": 1.0, "window": 100}

@@ -71,6 +71,7 @@ WRONG_VALUES: dict[str, dict[str, Any]] = {
         "history": -1.0,
         "long_run": None,
         "alpha": 1.0,
+        "max_history": -1,
     },
 }
 #: Wrong types where a string is a right one.

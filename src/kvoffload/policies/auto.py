@@ -29,7 +29,10 @@ and reuse classes it would have learned, constrained to end on the real resident
 dropped, pins and pending writes kept). Without the replay a candidate switched in late starts
 from nothing: ``mq`` -> ``kvaware`` forced at 20k, 30k, 40k, 50k and 60k of the shared trace's
 122k accesses at 10% ends at 0.265 on average cold, 0.272 warm (``kvaware`` alone: 0.283).
-The block table is ``auto``'s own dict and never changes identity, so a manager that caches
+A switch runs in the calling thread (the replay, then the move of every resident block),
+so it takes longer the larger the cache and the log: ``max_history`` caps the log in accesses
+(``benchmarks/auto_switch_cost.py`` measures both). The block table is ``auto``'s own dict and
+never changes identity, so a manager that caches
 ``block_table`` stays right across switches. Each switch logs one INFO line, is listed in
 :attr:`AutoCachePolicy.switches` and counted in ``stats()`` (``auto_switches``; ``switches``
 would collide with the manager's ``policy_switches`` counter), which also carries the active
@@ -40,6 +43,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from collections import deque
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -76,6 +80,7 @@ class PolicySwitch:
     estimates: tuple[tuple[str, float], ...]
     moved: int
     replayed: int = 0  # resident blocks the history replay entered into the new candidate
+    seconds: float = 0.0  # how long the switch held the calling thread (see AutoCachePolicy)
 
 
 class _Logged:
@@ -146,6 +151,7 @@ class AutoCachePolicy(CachePolicy):
         history: float = 16.0,
         long_run: bool = True,
         alpha: float = 0.05,
+        max_history: int | None = None,
     ) -> None:
         super().__init__(cache_capacity)
         specs = _parse_candidates(candidates)
@@ -158,9 +164,19 @@ class AutoCachePolicy(CachePolicy):
         self.long_run = check_bool("long_run", long_run)
         self.alpha = check_number("alpha", alpha, 0.0, 1.0, low_open=True, high_open=True)
         self.history = check_number("history", history, 0.0, 1e6)
-        # The recent real accesses (about ``history`` times the capacity): a switch replays
-        # them into the new candidate, so it starts with what it would have learned.
+        self.max_history = (
+            None
+            if max_history is None
+            else check_int(
+                "max_history", max_history, 0, 2**62, " (accesses a switch replays)", or_none=True
+            )
+        )
+        # The recent real accesses (about ``history`` times the capacity, at most
+        # ``max_history``): a switch replays them into the new candidate, so it starts with
+        # what it would have learned.
         self._history_limit = int(self.history * cache_capacity)
+        if self.max_history is not None:
+            self._history_limit = min(self._history_limit, self.max_history)
         self._log: deque[HistoryEntry] = deque()
         self._logged = 0
         self._specs = [split_candidate(spec) for spec in specs]
@@ -170,6 +186,7 @@ class AutoCachePolicy(CachePolicy):
         self.candidate_names: tuple[str, ...] = tuple(self._shadows.names)
         self._last_timestamp: float | None = None  # the clock a switch hands the new policy
         self._switches: list[PolicySwitch] = []
+        self._switch_seconds = 0.0
         self._reset_choice()
 
     def _build(self, index: int) -> CachePolicy:
@@ -263,6 +280,7 @@ class AutoCachePolicy(CachePolicy):
         return math.sqrt((n + 1) * (math.log(n + 1) + 2.0 * math.log(1.0 / self.alpha)))
 
     def _switch_to(self, index: int, evidence: tuple[tuple[str, float], ...]) -> None:
+        started = time.perf_counter()
         old_index, old = self._active_index, self._active
         new = self._build(index)
         ctx = ReqContext(req_id="auto-switch", timestamp=self._last_timestamp)
@@ -273,6 +291,8 @@ class AutoCachePolicy(CachePolicy):
         self._left.add(old_index)
         self._streak = 0
         self._last_switch_window = self._shadows.windows
+        seconds = time.perf_counter() - started
+        self._switch_seconds += seconds
         event = PolicySwitch(
             accesses=self._shadows.seen,
             window=self._shadows.windows,
@@ -281,17 +301,19 @@ class AutoCachePolicy(CachePolicy):
             estimates=evidence,
             moved=report.moved,
             replayed=report.replayed,
+            seconds=seconds,
         )
         self._switches.append(event)
         logger.info(
             "auto: switched %s -> %s after %d accesses (estimated hit ratios %s), moved %d blocks"
-            " (%d of them entered by the history replay)",
+            " (%d of them entered by the history replay) in %.3f s",
             event.old,
             event.new,
             event.accesses,
             ", ".join(f"{name}={value:.4f}" for name, value in evidence),
             event.moved,
             event.replayed,
+            event.seconds,
         )
 
     # ------------------------------------------------------------ contract
@@ -376,6 +398,7 @@ class AutoCachePolicy(CachePolicy):
         self._blocks.clear()
         self._shadows.clear()
         self._switches.clear()
+        self._switch_seconds = 0.0
         self._log.clear()
         self._logged = 0
         self._reset_choice()
@@ -385,6 +408,7 @@ class AutoCachePolicy(CachePolicy):
             "blocks": float(len(self._blocks)),
             "active_index": float(self._active_index),
             "auto_switches": float(len(self._switches)),
+            "auto_switch_seconds": self._switch_seconds,
         }
         out.update(self._shadows.stats())
         for key, value in self._active.stats().items():
