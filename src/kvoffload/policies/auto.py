@@ -230,7 +230,7 @@ class AutoCachePolicy(CachePolicy):
         names = self.candidate_names
         recent = shadows.recent_hit_ratios()
         values = [recent[name] for name in names]
-        since_start = shadows.hit_ratios()
+        since_start = shadows.sample_hit_ratios()  # the draw cancels in a comparison
         totals = [since_start[name] for name in names]
         active = self._active_index
         current, current_total = values[active], totals[active]
