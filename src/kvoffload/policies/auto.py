@@ -32,10 +32,10 @@ from nothing: ``mq`` -> ``kvaware`` forced at 20k, 30k, 40k, 50k and 60k of the 
 A switch runs in the calling thread (the replay, then the move of every resident block),
 so it takes longer the larger the cache and the log: ``max_history`` caps the log in accesses
 (``benchmarks/auto_switch_cost.py`` measures both). The block table is ``auto``'s own dict and
-never changes identity, so a manager that caches
-``block_table`` stays right across switches. Each switch logs one INFO line, is listed in
-:attr:`AutoCachePolicy.switches` and counted in ``stats()`` (``auto_switches``; ``switches``
-would collide with the manager's ``policy_switches`` counter), which also carries the active
+never changes identity, so a manager that caches ``block_table`` stays right across
+switches. Each switch logs one INFO line, is listed in :attr:`AutoCachePolicy.switches` and
+counted in ``stats()`` (``auto_switches``; ``switches`` would collide with the manager's
+``policy_switches`` counter), which also carries the active
 candidate's index and every shadow estimate.
 """
 

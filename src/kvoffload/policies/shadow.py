@@ -506,7 +506,7 @@ class ShadowEvaluator:
         sampled = self.accesses
         if not sampled:
             return 0.0
-        if self.threshold >= _HASH_SPACE or not self._sum_sq:
+        if not self._sum_sq:  # every key sampled (nothing counted): nothing to correct
             return hits / sampled
         expected = self.seen * self.threshold / _HASH_SPACE
         slope = self._sum_cross[index] / self._sum_sq
@@ -602,11 +602,16 @@ class ShadowEvaluator:
 
     def sample_hit_ratios(self) -> dict[str, float]:
         """Hits over sampled accesses since the start (uncorrected), by candidate name."""
-        return {name: est.sample_hit_ratio for name, est in self.estimates().items()}
+        sampled = self.accesses
+        return {mini.label: mini.hits / sampled if sampled else 0.0 for mini in self._minis}
 
     def recent_hit_ratios(self) -> dict[str, float]:
         """Estimated hit ratio over the decayed recent windows, by candidate name."""
-        return {name: est.recent_hit_ratio for name, est in self.estimates().items()}
+        recent = self._recent_accesses
+        return {
+            mini.label: hits / recent if recent else 0.0
+            for mini, hits in zip(self._minis, self._recent_hits, strict=True)
+        }
 
     def stats(self) -> dict[str, float]:
         """Flat gauges (``shadow_<name>_hit_ratio`` ...) for stats and metrics exporters."""
