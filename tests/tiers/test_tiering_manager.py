@@ -474,3 +474,27 @@ def test_a_prefix_promotion_never_evicts_cpu_blocks_after_the_promoted_ones() ->
     # Room for key 0 would mean evicting key 1 or 2, both in this prefix: the prefix ends at 0.
     assert manager.lookup_prefix(keys, ReqContext(req_id="b")) == [MISS, MISS, MISS]
     assert manager.cpu_slot(key(1)) is not None and manager.cpu_slot(key(2)) is not None
+
+
+def test_a_promotion_cut_by_the_in_flight_bound_gives_slots_only_to_the_promoted_keys() -> None:
+    manager, memory, (tier,) = build(
+        cpu_blocks=8,
+        specs=[{"write_policy": "none", "max_inflight_bytes": 2 * SLOT}],
+    )
+    keys = [key(i) for i in range(4)]
+    seed(tier, memory, keys, slot=0)
+    ctx = ReqContext(req_id="a")
+    assert manager.lookup_prefix(keys, ctx) == [PENDING, PENDING, MISS, MISS]
+    manager.step()  # both reads land
+    stats = manager.get_stats()
+    assert stats.tiers["t0"]["jobs_in_flight"] == 0
+    assert stats.pending_blocks == 0  # the cut keys hold no slot that waits for nothing
+    assert manager.cpu.free_blocks == 6
+    assert [manager.cpu.lookup(k, ctx) for k in keys] == [HIT, HIT, MISS, MISS]
+    # The rest of the prefix is promoted on the next pass, and every slot comes back.
+    assert manager.lookup_prefix(keys, ctx) == [HIT, HIT, PENDING, PENDING]
+    manager.step()
+    assert read(manager, memory, keys, ctx) == [pattern(k) for k in keys]
+    manager.reset_cache()
+    stats = manager.get_stats()
+    assert stats.held_blocks == 0 and manager.cpu.free_blocks == 8

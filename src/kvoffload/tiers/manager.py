@@ -498,7 +498,10 @@ class TieringManager(OffloadingManager):
         keys, tiers = keys[:cut], tiers[:cut]
         if not keys:
             return 0
-        offered = list(prefix) if prefix else keys
+        # Only the keys read below may get slots: a key the bound cut off (or a prefix key
+        # evicted since it was seen) would otherwise hold a pending slot no read completes.
+        promoted = set(keys)
+        offered = [k for k in prefix if k in promoted or k in self._slots] if prefix else keys
         if not self._make_room(keys, offered):
             self._counters["promotion_allocation_failures"] += 1
             return 0
@@ -514,10 +517,11 @@ class TieringManager(OffloadingManager):
                 kept = i
                 self._counters["promotions_cut"] += 1
                 break
-        beyond = [k for k in keys[kept:] if k in stored]
-        if beyond:
-            self.cpu.complete_store(beyond, ctx, success=False)
-            self._forget_cpu(beyond)
+        read = set(keys[:kept])
+        unread = [k for k in out.keys_to_store if k not in read]
+        if unread:  # slots no read will fill: released now, never left pending
+            self.cpu.complete_store(unread, ctx, success=False)
+            self._forget_cpu(unread)
         for key, index in zip(keys[:kept], tiers[:kept], strict=True):
             self._tiers[index].queue.append((key, self._slots[key], ctx))
             self._promoting[key] = index
