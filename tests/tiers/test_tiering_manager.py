@@ -498,3 +498,39 @@ def test_a_promotion_cut_by_the_in_flight_bound_gives_slots_only_to_the_promoted
     manager.reset_cache()
     stats = manager.get_stats()
     assert stats.held_blocks == 0 and manager.cpu.free_blocks == 8
+
+
+def test_one_failed_read_holds_a_key_back_only_until_its_verdict_expires() -> None:
+    clock = FakeClock()
+    manager, memory, (tier,) = build(cpu_blocks=4, clock=clock)  # default: 10 s
+    ctx = ReqContext(req_id="a")
+    store(manager, memory, [key(1)], ctx)
+    manager.step()
+    assert tier.stored_keys() == {key(1)}
+    evict_all(manager, memory)
+    tier.fail_keys[key(1)] = "io_error"  # fails once: the tier still holds the record
+    assert manager.lookup_prefix([key(1)], ctx) == [PENDING]
+    manager.step()
+    del tier.fail_keys[key(1)]
+    assert manager.get_stats().tiers["t0"]["promotion_failures"] == 1
+    assert manager.lookup_prefix([key(1)], ctx) == [MISS]  # the verdict holds
+    clock.now = 9.9
+    assert manager.lookup_prefix([key(1)], ctx) == [MISS]
+    clock.now = 10.0  # expired: promoted again, although write-through never re-puts it
+    assert manager.lookup_prefix([key(1)], ctx) == [PENDING]
+    manager.step()
+    assert read(manager, memory, [key(1)], ctx) == [pattern(key(1))]
+    assert manager.get_stats().tiers["t0"]["negative_keys"] == 0
+
+
+def test_a_verdict_without_expiry_lasts_until_a_put_succeeds() -> None:
+    manager, memory, (tier,) = build(cpu_blocks=4, negative_ttl_s=float("inf"))
+    seed(tier, memory, [key(1)], slot=0)
+    ctx = ReqContext(req_id="a")
+    tier.fail_keys[key(1)] = "io_error"
+    assert manager.lookup_prefix([key(1)], ctx) == [PENDING]
+    manager.step()
+    del tier.fail_keys[key(1)]
+    assert manager.lookup_prefix([key(1)], ctx) == [MISS]
+    with pytest.raises(ValueError, match="negative_ttl_s"):
+        build(negative_ttl_s=-1.0)
