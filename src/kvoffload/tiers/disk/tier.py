@@ -43,6 +43,8 @@ import contextlib
 import errno
 import hashlib
 import itertools
+import logging
+import math
 import os
 import threading
 import time
@@ -85,8 +87,14 @@ from kvoffload.tiers.disk.records import (
     stamp_commits,
 )
 
+logger = logging.getLogger(__name__)
+
 DURABILITIES = ("none", "rename", "fsync")
 _FREE_SPACE_REFRESH_S = 0.25
+#: Least seconds between two WARNING lines about failed stores (the counts add up between).
+DROP_WARNING_INTERVAL_S = 60.0
+#: Drop reasons that are the caller's or the job's own business, never worth a warning.
+_QUIET_DROPS = frozenset({"in_flight", "duplicate", "cancelled", "closed"})
 _ZERO_FIELDS = memoryview(bytes(HEADER_BYTES - STAMP_BYTES))  # a header page after its stamp
 _MAX_RUN = 256  # records per vectored call (two buffers each, under IOV_MAX = 1024)
 _MIN_PUT_TASK_BYTES = 4 << 20  # a put job is not split into tasks smaller than this
@@ -269,6 +277,8 @@ class DiskTier(Tier):
         # an old stamp can never commit a new header (random start: ids differ across runs)
         self._write_ids = itertools.count(int.from_bytes(os.urandom(8), "little") >> 2)
         self._drops: dict[str, int] = {}
+        self._unwarned: dict[str, int] = {}  # drops since the last warning, by reason
+        self._warned_at = -math.inf
         self._get_failures: dict[str, int] = {}
         self._health = TierHealth(ok=True)
         self.files.makedirs(self.directory)
@@ -563,6 +573,26 @@ class DiskTier(Tier):
     def _drop(self, job: _Job, i: int, reason: str) -> None:
         job.reasons[i] = reason
         self._drops[reason] = self._drops.get(reason, 0) + 1
+        if reason in _QUIET_DROPS:
+            return
+        self._unwarned[reason] = self._unwarned.get(reason, 0) + 1
+        now = time.monotonic()
+        if now - self._warned_at < DROP_WARNING_INTERVAL_S:
+            return
+        self._warned_at = now
+        counts = ", ".join(f"{why} {n}" for why, n in sorted(self._unwarned.items()))
+        self._unwarned.clear()
+        logger.warning(
+            "disk tier %s: stores failed (%s) since the last warning; %d records, %d bytes "
+            "usable (budget %d, min_free_bytes %d); next warning in %.0f s at the earliest",
+            self.directory,
+            counts,
+            len(self._index),
+            self._limit,
+            self.capacity_bytes,
+            self.min_free_bytes,
+            DROP_WARNING_INTERVAL_S,
+        )
 
     def _get_failed(self, job: _Job, i: int, reason: str) -> None:
         job.reasons[i] = reason
@@ -605,9 +635,10 @@ class DiskTier(Tier):
             except OSError as exc:
                 self._health = TierHealth(ok=False, reason=f"statvfs failed: {exc}")
                 return self._limit
-            allocated = self._index.high_water * self.record_bytes
+            allocated = self._index.backed_slots * self.record_bytes
             # slots the file already holds cost no more space; only growth must stay above
-            # the floor (evicting a record frees a slot, not disk space)
+            # the floor (evicting a record frees a slot, not disk space). Slots handed out but
+            # never written (in flight, or their write failed) are growth, not held.
             headroom = allocated + max(0, free - self.min_free_bytes)
             self._limit = min(self.capacity_bytes, headroom)
         return self._limit
@@ -664,6 +695,8 @@ class DiskTier(Tier):
                 reason = "io_error"  # a fault must be a failed key, never escape
         seconds = time.perf_counter() - t0
         with self._lock:
+            if reason == "no_space":  # the disk is fuller than the last reading: read it again
+                self._limit_at = -math.inf
             end_write = self._index.end_write
             if reason is None:
                 ok = job.ok
