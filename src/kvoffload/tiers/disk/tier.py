@@ -35,12 +35,20 @@ found and consumes it, so a restarted host evicts what the running one would hav
 oldest-written first. A state of another policy or budget, or one that does not decode, is
 ignored and counted (``policy_state_ignored``); after a crash there is none and the scan's
 oldest-first seeding stands.
+
+One writer per arena: a tier takes an exclusive ``flock`` on ``arena-<slot bytes>.v2.lock``
+beside its arena when it opens and drops it at ``close`` (the kernel drops it when the process
+dies, so a crash never leaves the arena locked). Two tiers on one arena would hand out the
+same slots and then erase each other's records as torn or corrupt, losing everything with the
+disk blamed, so a second opener, in this process or another, is refused with
+:class:`DiskTierInUseError` naming the path and the holder's pid.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import hashlib
 import itertools
 import logging
@@ -99,6 +107,39 @@ _ZERO_FIELDS = memoryview(bytes(HEADER_BYTES - STAMP_BYTES))  # a header page af
 _MAX_RUN = 256  # records per vectored call (two buffers each, under IOV_MAX = 1024)
 _MIN_PUT_TASK_BYTES = 4 << 20  # a put job is not split into tasks smaller than this
 _MIN_GET_TASK_BYTES = 1 << 20  # nor a get job below this (jobs in flight keep threads busy)
+
+
+class DiskTierInUseError(ValueError):
+    """Another tier (this process or another) holds the arena this one would open."""
+
+
+def _lock_arena(path: str) -> int:
+    """Open ``path`` and take its exclusive lock, writing our pid in it; the lock's fd.
+
+    Raises :class:`DiskTierInUseError` naming the holder when another open file holds it.
+    """
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        try:
+            holder = os.pread(fd, 64, 0).decode("ascii", "replace").strip() or "unknown"
+        except OSError:
+            holder = "unknown"
+        os.close(fd)
+        if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            raise
+        raise DiskTierInUseError(
+            f"disk tier path {os.path.dirname(path)} is in use by pid {holder} (lock {path}): "
+            "one writer per directory; give each process its own path or namespace, or "
+            "close the other tier first"
+        ) from None
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    except OSError:  # the pid only names the holder in a refusal; the lock is what counts
+        pass
+    return fd
 
 
 def namespace_digest(namespace: bytes | str) -> bytes:
@@ -230,6 +271,10 @@ class DiskTier(Tier):
         self.policy_state_path = os.path.join(
             self.directory, f"policy-{memory.slot_bytes}.v{FORMAT_VERSION}.json"
         )
+        # one writer per arena: held from before the scan until close
+        self.lock_path = os.path.join(
+            self.directory, f"arena-{memory.slot_bytes}.v{FORMAT_VERSION}.lock"
+        )
         max_slots = self.capacity_bytes // self.record_bytes
         policy_obj = create_cache_policy(
             policy, max_slots, module_path=policy_module_path, params=dict(policy_params or {})
@@ -282,14 +327,26 @@ class DiskTier(Tier):
         self._get_failures: dict[str, int] = {}
         self._health = TierHealth(ok=True)
         self.files.makedirs(self.directory)
-        created = not os.path.exists(self.arena_path)
-        with contextlib.suppress(OSError):
-            self._stats["legacy_arena_bytes"] = float(os.path.getsize(self.legacy_arena_path))
-        self._fd = self.files.open_arena(self.arena_path)
-        if created and durability == "fsync":
-            self.files.fsync_dir(self.directory)
+        self._lock_fd = _lock_arena(self.lock_path)
+        try:
+            created = not os.path.exists(self.arena_path)
+            with contextlib.suppress(OSError):
+                self._stats["legacy_arena_bytes"] = float(os.path.getsize(self.legacy_arena_path))
+            self._fd = self.files.open_arena(self.arena_path)
+            if created and durability == "fsync":
+                self.files.fsync_dir(self.directory)
+        except BaseException:
+            os.close(self._lock_fd)  # closing the fd drops the lock
+            raise
         self._pool = ThreadPoolExecutor(max_workers=io_threads, thread_name_prefix="kvoff-disk")
-        self._recover()
+        try:
+            self._recover()
+        except BaseException:
+            self._pool.shutdown(wait=True)
+            with contextlib.suppress(OSError):
+                self.files.close(self._fd)
+            os.close(self._lock_fd)
+            raise
 
     # ----------------------------------------------------------------- the contract
 
@@ -479,8 +536,11 @@ class DiskTier(Tier):
             self._closed = True
         self.drain(timeout)
         self._pool.shutdown(wait=True)
-        self.files.close(self._fd)
-        self._save_policy_state()
+        try:
+            self.files.close(self._fd)
+            self._save_policy_state()
+        finally:
+            os.close(self._lock_fd)  # the next opener may take the arena now
 
     def _save_policy_state(self) -> None:
         """Write the policy's state beside the arena (temporary name, then rename), so the
@@ -981,4 +1041,4 @@ class DiskTier(Tier):
             write_all(self.files, self._fd, (_ZERO_FIELDS,), offset)
 
 
-__all__ = ["DURABILITIES", "DiskTier", "namespace_digest"]
+__all__ = ["DURABILITIES", "DiskTier", "DiskTierInUseError", "namespace_digest"]
