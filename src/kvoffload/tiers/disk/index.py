@@ -52,6 +52,7 @@ class DiskIndex:
         self.unbacked = 0  # of those, slots no write has reached (in flight or failed)
         self.used_bytes = 0  # records whose write completed
         self.reserved_bytes = 0  # records being written
+        self.retired_bytes = 0  # slots out of use for this run (unreadable, erase failed)
         self._next_id = 0
 
     def __len__(self) -> int:
@@ -76,6 +77,11 @@ class DiskIndex:
     def backed_slots(self) -> int:
         """Slots the arena file holds on disk (a write into one takes no new space)."""
         return self.high_water - self.unbacked
+
+    def retire_slot(self, nbytes: int) -> None:
+        """A slot that stays out of use for this run (neither free nor a record): it still
+        counts against the budget, so a full tier evicts rather than finding no slot."""
+        self.retired_bytes += nbytes
 
     def release_slot(self, slot: int) -> None:
         """A slot whose record is gone (and, for deletes, whose header is zeroed) is free."""
@@ -134,7 +140,7 @@ class DiskIndex:
         (a write into a slot invalidates the old header first); pinned and in-flight records
         are never among them.
         """
-        deficit = self.used_bytes + self.reserved_bytes + nbytes - limit
+        deficit = self.used_bytes + self.reserved_bytes + self.retired_bytes + nbytes - limit
         if deficit <= 0:
             return []
         if nbytes > limit or not self._entries:

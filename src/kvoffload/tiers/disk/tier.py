@@ -311,6 +311,7 @@ class DiskTier(Tier):
                 "scanned_records",
                 "scan_seconds",
                 "erase_errors",
+                "unreadable_slots",
                 "legacy_arena_bytes",
                 "policy_state_restored",
                 "policy_state_ignored",
@@ -409,7 +410,8 @@ class DiskTier(Tier):
                     else:
                         self._drop(job, i, "in_flight")
                     continue
-                if index.used_bytes + index.reserved_bytes + record_bytes <= limit:
+                taken = index.used_bytes + index.reserved_bytes + index.retired_bytes
+                if taken + record_bytes <= limit:
                     entry = index.begin_write(key, record_bytes)  # fits: nothing to evict
                 else:
                     victims = index.make_room(record_bytes, limit, batch)
@@ -923,6 +925,7 @@ class DiskTier(Tier):
         with self._lock:
             if failed:
                 self._stats["erase_errors"] += 1
+                self._index.retire_slot(self.record_bytes)
             else:
                 self._index.release_slot(arena_slot)
             job.remaining -= 1
@@ -936,7 +939,9 @@ class DiskTier(Tier):
         A record counts only with its commit stamp (the next header page's first bytes, or the
         file's tail). Torn, uncommitted or foreign headers are zeroed and counted; slots past
         the budget (it shrank) are cut off the file; records over the effective limit are
-        evicted by the policy.
+        evicted by the policy. A slot whose read fails (EIO, perhaps transient) proves nothing:
+        it is skipped for this run, neither zeroed nor handed out, and so is the slot before it
+        (whose stamp it holds); the next start reads both again.
         """
         t0 = time.perf_counter()
         files, fd, record_bytes = self.files, self._fd, self.record_bytes
@@ -951,6 +956,7 @@ class DiskTier(Tier):
             self._stats["torn_records"] += 1  # a trailing partial slot: a write cut short
         found: list[tuple[int, OffloadKey, int]] = []
         free: list[int] = []
+        skipped: list[int] = []  # unreadable this run: out of use, untouched
         page = self._header_buffer()
         pending: tuple[int, RecordHeader] | None = None  # a header waiting for its stamp
         for arena_slot in range(slots + 1):
@@ -963,7 +969,9 @@ class DiskTier(Tier):
             if pending is not None:
                 last, header = pending
                 pending = None
-                if n >= STAMP_BYTES and stamp_commits(page[:STAMP_BYTES], header):
+                if n < 0:  # its stamp could not be read: unknown, not torn
+                    skipped.append(last)
+                elif n >= STAMP_BYTES and stamp_commits(page[:STAMP_BYTES], header):
                     found.append((header.written_ns, OffloadKey(header.key), last))
                 else:  # header written, payload maybe not: never committed
                     self._stats["torn_records"] += 1
@@ -971,10 +979,17 @@ class DiskTier(Tier):
                     free.append(last)
             if arena_slot == slots:
                 break
+            if n < 0:
+                skipped.append(arena_slot)
+                continue
             if n == HEADER_BYTES and is_empty(page):
                 free.append(arena_slot)
                 continue
-            checked = self._check_slot(page, n, offset, size)
+            try:
+                checked = self._check_slot(page, n, offset, size)
+            except OSError:  # the payload could not be read (verify_on_scan)
+                skipped.append(arena_slot)
+                continue
             if checked is None:
                 self._stats["torn_records"] += 1
                 self._zero_quietly(arena_slot)
@@ -1001,16 +1016,29 @@ class DiskTier(Tier):
                 seen.add(key)
                 self._index.add_ready(key, arena_slot, self.record_bytes, written_ns)
             self._index.set_high_water(slots, free)
+            for _ in skipped:
+                self._index.retire_slot(self.record_bytes)
+            self._stats["unreadable_slots"] = float(len(skipped))
             self._stats["scanned_records"] = float(len(found))
             self._load_policy_state()
             over = self._index.make_room(0, self._effective_limit(), ())
             self._stats["evictions"] += len(over or ())
             self._stats["scan_seconds"] = time.perf_counter() - t0
+        if skipped:
+            logger.warning(
+                "disk tier %s: %d arena slots could not be read at start-up (first: %s); "
+                "skipped for this run, neither erased nor reused",
+                self.directory,
+                len(skipped),
+                sorted(skipped)[:8],
+            )
 
     def _check_slot(
         self, header_buf: memoryview, n: int, offset: int, size: int
     ) -> RecordHeader | None:
-        """The record's header if it (and its payload, if asked) is right; stamp not checked."""
+        """The record's header if it (and its payload, if asked) is right; stamp not checked.
+
+        Raises ``OSError`` when the payload cannot be read (the caller skips the slot)."""
         if n != HEADER_BYTES or offset + self.record_bytes > size:
             return None
         try:
@@ -1022,10 +1050,8 @@ class DiskTier(Tier):
         if self.verify_on_scan:
             fn = checksum_function(header.checksum_kind)
             payload = bytearray(header.payload_len)
-            try:
-                got = read_full(self.files, self._fd, [memoryview(payload)], offset + HEADER_BYTES)
-            except OSError:
-                return None
+            # an OSError goes to the caller: an unreadable payload is not a bad one
+            got = read_full(self.files, self._fd, [memoryview(payload)], offset + HEADER_BYTES)
             if (
                 fn is None
                 or got != header.payload_len
