@@ -23,7 +23,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 MAGIC = b"KVOR"
@@ -67,7 +67,7 @@ class RecordCodec:
     """
 
     namespace: bytes
-    secret: bytes | None = None
+    secret: bytes | None = field(default=None, repr=False)  # never in a log line
     algorithm: str = "blake2b"
 
     def __post_init__(self) -> None:

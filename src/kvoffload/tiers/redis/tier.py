@@ -44,7 +44,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from kvoffload._checks import check_int
+from kvoffload._checks import check_int, redact_url
 from kvoffload.keys import OffloadKey
 from kvoffload.tiers.base import (
     JobKind,
@@ -357,11 +357,13 @@ class RedisTier(Tier):
         return (pool, args) if usable else (None, ())
 
     def _redacted(self) -> str:
-        text = self._describe
-        if "@" in text and "://" in text:
-            scheme, rest = text.split("://", 1)
-            text = f"{scheme}://***@{rest.split('@', 1)[1]}"
-        return text
+        return redact_url(self._describe)
+
+    def __repr__(self) -> str:
+        return (
+            f"RedisTier({self._redacted()!r}, prefix={self._key_prefix.decode(errors='replace')!r}"
+            f", signed={self.codec.secret is not None})"
+        )
 
     def _name(self, key: bytes) -> bytes:
         return self._key_prefix + key.hex().encode()
