@@ -38,6 +38,7 @@ import contextlib
 import functools
 import inspect
 import logging
+import re
 import socket
 import threading
 import time
@@ -78,7 +79,29 @@ except ImportError:  # pragma: no cover - redis-py < 5: records go through pipel
     _AbstractConnection = None  # type: ignore[assignment,misc]
 
 _DEFAULT_MAX_VALUE = 512 * 2**20  # redis.conf proto-max-bulk-len default
+_NOT_AS_IS = frozenset(b":{}")  # bytes a namespace written as is never holds
+_GLOB_SPECIAL = re.compile(rb"[][*?\\{}]")
 _KEY_CHARS_OK = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.")
+
+
+def namespace_text(namespace: bytes) -> str:
+    """How ``namespace`` appears in record names: as is when it is ASCII without a colon or
+    a brace, otherwise ``hex:`` and its hex digits.
+
+    Why the marker: the colon it holds never occurs in an as-is form, so no two namespaces
+    share names (``b"\\xa0\\xa1"`` and the text ``"a0a1"`` once did, and each side deleted
+    the other's records). Braces are left to the hash tag (``{ns}``), so ``"{x}"`` untagged
+    and ``"x"`` tagged differ too. Other as-is names are unchanged: their records stay readable.
+    """
+    if namespace.isascii() and not _NOT_AS_IS.intersection(namespace):
+        return namespace.decode()
+    return "hex:" + namespace.hex()
+
+
+def glob_escape(text: bytes) -> bytes:
+    """``text`` matching only itself in a ``SCAN MATCH`` pattern (Redis glob: ``* ? [ ] \\``
+    are special; braces escaped too, which a hash tag puts in a name)."""
+    return _GLOB_SPECIAL.sub(rb"\\\g<0>", text)
 
 
 class RedisTier(Tier):
@@ -186,9 +209,7 @@ class RedisTier(Tier):
         ):
             check_int(pname, pvalue, 1)
         self.codec = RecordCodec(namespace=namespace, secret=secret, algorithm=checksum)
-        ns_text = (
-            namespace.hex() if not namespace.isascii() or b":" in namespace else namespace.decode()
-        )
+        ns_text = namespace_text(namespace)
         ns_part = f"{{{ns_text}}}" if hash_tag == "namespace" else ns_text
         self._key_prefix = f"{prefix}:{ns_part}:".encode()
         self.ttl_ms = ttl_ms
@@ -949,7 +970,7 @@ class RedisTier(Tier):
 
     def scan(self) -> Iterator[ScannedBlock]:
         """Records of this prefix and namespace on the server (``SCAN``; sizes by ``STRLEN``)."""
-        pattern = self._key_prefix.replace(b"{", b"\\{").replace(b"}", b"\\}") + b"*"
+        pattern = glob_escape(self._key_prefix) + b"*"
         names = list(self._client.scan_iter(match=pattern, count=1000))
         for start in range(0, len(names), 1000):
             chunk = names[start : start + 1000]
