@@ -6,13 +6,18 @@ secrets that never reach a repr or a log line."""
 from __future__ import annotations
 
 import logging
+import struct
 import sys
+import tracemalloc
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 pytest.importorskip("redis")
+
+import redis
 
 from kvoffload.spec import OffloadingConfig
 from kvoffload.tiers import BytearraySlotMemory, Presence, TierResult
@@ -20,7 +25,7 @@ from kvoffload.tiers.config import parse_tier
 from kvoffload.tiers.redis import RecordCodec, RedisTier
 
 sys.path.insert(0, str(Path(__file__).parent))
-from redis_servers import ci_url
+from redis_servers import RedisProcess, ci_url
 
 SLOT = 4096
 PASSWORD = "kvoffload-test-secret"  # the CI standalone server's ACL password
@@ -201,3 +206,141 @@ def test_scan_lists_only_its_own_namespace_whatever_glob_characters_it_holds(
     finally:
         for tier in tiers.values():
             tier.close()
+
+
+HUGE = 256 << 20
+
+
+def _output_bytes(admin: redis.Redis) -> int:
+    return int(admin.info("stats")["total_net_output_bytes"])
+
+
+@pytest.mark.parametrize("path", ["direct", "pipeline"])
+def test_a_huge_value_under_a_records_name_is_refused_without_being_received(path: str) -> None:
+    """256 MiB under a 4 KiB record's name: the server sends at most the record's size plus
+    one byte of it, and the reader allocates no more; junk is deleted, a longer record of
+    this namespace (another slot size: someone else's) is refused and left alone."""
+    server = RedisProcess().start()
+    try:
+        admin = redis.Redis.from_url(server.url)
+        client = None if path == "direct" else redis.Redis.from_url(server.url, protocol=3)
+        memory = BytearraySlotMemory(SLOT, 4)
+        tier = RedisTier(memory, server.url, namespace="t", client=client)
+        assert (tier._direct is not None) == (path == "direct")
+        junk, longer, good = fresh_keys(3)
+        assert put(tier, [good]).all_ok
+        admin.setrange(tier._name(junk), HUGE - 1, b"x")  # 256 MiB of zeros, built server-side
+        header = struct.pack("<4sBBBBHHQ", b"KVOR", 1, 0, 1, 0, 1, len(longer), HUGE)
+        admin.set(tier._name(longer), header + b"t" + longer)
+        admin.setrange(tier._name(longer), HUGE - 1, b"x")
+        record = tier.codec.header_bytes(junk) + SLOT
+        tracemalloc.start()
+        try:
+            sent = _output_bytes(admin)
+            result = get(tier, [junk, longer, good], 1)
+            sent = _output_bytes(admin) - sent
+            _now, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        assert sent < 3 * (record + 1) + 16 * 1024, f"the server sent {sent} bytes"
+        assert peak < 4 * 2**20, f"the reader allocated {peak} bytes"
+        assert result.ok == (False, False, True)
+        assert result.reasons == {0: "corrupt", 1: "oversized"}
+        assert admin.exists(tier._name(junk)) == 0  # junk for everyone: deleted
+        assert admin.strlen(tier._name(longer)) == HUGE  # another reader's: kept
+        assert tier.stats()["rejected_oversized"] == 1
+        tier.close()
+    finally:
+        server.close()
+
+
+def _tier(mode: str, request: pytest.FixtureRequest, **kwargs: Any) -> RedisTier:
+    """A tier on the CI servers: the direct socket path, redis-py pipelines (RESP3), or the
+    cluster."""
+    url = request.getfixturevalue("cluster_url" if mode == "cluster" else "standalone_url")
+    client = redis.Redis.from_url(url, protocol=3) if mode == "pipeline" else None
+    tier = RedisTier(
+        BytearraySlotMemory(SLOT, 8), url, cluster=mode == "cluster", client=client, **kwargs
+    )
+    assert (tier._direct is not None) == (mode == "direct")
+    return tier
+
+
+def _admin(tier: RedisTier) -> redis.Redis:
+    return tier._client  # type: ignore[no-any-return]
+
+
+MODES = ["direct", "pipeline", "cluster"]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_readers_with_another_secret_or_none_leave_signed_records_alone(
+    mode: str, request: pytest.FixtureRequest
+) -> None:
+    prefix = fresh_prefix()
+    signer = _tier(mode, request, prefix=prefix, namespace="t", secret=SECRET, lookup="sync")
+    stale = _tier(mode, request, prefix=prefix, namespace="t", secret="an-older-secret-0123")
+    unsigned = _tier(mode, request, prefix=prefix, namespace="t")
+    try:
+        keys = fresh_keys(6)
+        assert put(signer, keys).all_ok
+        for reader in (stale, unsigned):  # a rotation's stale instance, one without a secret
+            result = get(reader, keys)
+            assert result.reasons == dict.fromkeys(range(6), "bad_signature")
+            assert reader.stats().get("records_deleted_bad", 0) == 0
+        assert all(_admin(signer).exists(signer._name(k)) for k in keys)
+        back = get(signer, keys)  # the fleet's records are all still there, and valid
+        assert back.all_ok
+        (plain,) = fresh_keys(1)  # and the other way round: an unsigned record is someone's
+        assert put(unsigned, [plain]).all_ok
+        assert get(signer, [plain]).reasons == {0: "bad_signature"}
+        assert get(unsigned, [plain]).all_ok
+    finally:
+        for tier in (signer, stale, unsigned):
+            tier.close()
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_put_that_finds_its_name_taken_by_what_it_cannot_read_fails(
+    mode: str, request: pytest.FixtureRequest
+) -> None:
+    prefix = fresh_prefix()
+    tier = _tier(mode, request, prefix=prefix, namespace="t", secret=SECRET, lookup="sync")
+    other = _tier(mode, request, prefix=prefix, namespace="t", secret="an-older-secret-0123")
+    peer = _tier(mode, request, prefix=prefix, namespace="t", secret=SECRET)
+    unsigned = _tier(mode, request, prefix=prefix, namespace="t")
+    try:
+        as_list, other_secret, junk, no_secret, same_block = keys = fresh_keys(5)
+        admin = _admin(tier)
+        admin.rpush(tier._name(as_list), b"not a record")
+        assert put(other, [other_secret]).all_ok
+        admin.set(tier._name(junk), b"junk" * 100)
+        assert put(unsigned, [no_secret]).all_ok
+        assert put(peer, [same_block]).all_ok  # the same block, from another writer
+        result = put(tier, keys)
+        assert result.ok == (False, False, False, False, True)
+        assert result.reasons == dict.fromkeys(range(4), "name_taken")
+        stats = tier.stats()
+        assert stats["put_failed_name_taken"] == 4 and stats["records_existing"] == 1
+        assert tier.contains(keys) == [Presence.MISS] * 4 + [Presence.HIT]
+        assert admin.type(tier._name(as_list)) in (b"list", "list")  # nothing was overwritten
+        assert get(other, [other_secret]).all_ok
+    finally:
+        for t in (tier, other, peer, unsigned):
+            t.close()
+
+
+def test_an_acl_user_without_the_get_commands_is_a_clear_error_at_start() -> None:
+    """Gets send GETRANGE and PEXPIRE: a user allowed only the old GETEX / GET is told at
+    start, naming the commands, instead of failing every get later."""
+    server = RedisProcess(
+        None, "--user", "old", "on", ">old-password-0123", "~*", "+@all", "-getrange", "-pexpire"
+    )
+    try:
+        server.start()
+        url = f"redis://old:old-password-0123@127.0.0.1:{server.port}/0"
+        with pytest.raises(PermissionError, match=r"getrange.*pexpire") as info:
+            RedisTier(BytearraySlotMemory(SLOT, 1), url, namespace="t")
+        assert "old-password-0123" not in str(info.value)
+    finally:
+        server.close()

@@ -5,12 +5,18 @@ namespace. Design (``reference/tiering.md`` §2.4, §7.4):
 
 * One key per block, ``{prefix}:{namespace}:{block key hex}``, whose value is a
   self-describing record (:mod:`kvoffload.tiers.redis.records`): written and read atomically.
-* Puts are pipelined ``SET name record NX PX ttl``: no overwrite and no extra round trip; a key
-  already present is a success (records are immutable: a key names its content).
-* Gets are pipelined ``GETEX name PX ttl``: a hit refreshes the TTL, so the server's own
-  LRU/LFU eviction (``maxmemory-policy``) follows real use; the payload is verified, then
-  copied straight into the host slot. A record that fails its check is dropped, counted and
-  deleted; a missing key (evicted or expired between lookup and get) is a miss, never a loop.
+* Puts are pipelined ``SET name record NX PX ttl``: no overwrite and no extra round trip. A
+  name already taken is read back (bounded, as a get): a success when it holds a record this
+  tier would serve (the same block from another writer: a key names its content), otherwise
+  a failed put (``name_taken``: a value of another type, another secret's record, junk).
+* Gets are pipelined ``PEXPIRE name ttl`` + ``GETRANGE name 0 <record bytes>``: a hit refreshes
+  the TTL, so the server's own LRU/LFU eviction (``maxmemory-policy``) follows real use, and no
+  value is received past one byte over the record's size (a larger one is refused,
+  ``oversized``, unread). The payload is verified, then copied straight into the host slot. A
+  record that fails its check is dropped and counted, and deleted only when no reader could
+  accept it (damaged, or naming another namespace or key); a record signed with another
+  secret, or of another version or size, is someone else's and stays. A missing key (evicted
+  or expired between lookup and get) is a miss, never a loop.
 * Records travel on the pool's sockets without redis-py's command packer
   (:mod:`kvoffload.tiers.redis.wire`): a put sends the record's header, then the payload
   straight from its slot (no copy), and hashes the next record while the kernel moves this one;
@@ -27,7 +33,7 @@ namespace. Design (``reference/tiering.md`` §2.4, §7.4):
 
 The byte budget of a shared store is the server's (``maxmemory`` with an ``allkeys-lru`` /
 ``allkeys-lfu`` or ``volatile-*`` policy): no client can see everyone's records, so the tier
-does not pretend to keep a budget of its own. Requires Redis 6.2+ (``GETEX``) or Valkey 7.2+.
+does not pretend to keep a budget of its own. Requires Redis 6.2+ or Valkey 7.2+.
 """
 
 from __future__ import annotations
@@ -320,6 +326,10 @@ class RedisTier(Tier):
         """Fail at start with a clear error: wrong password, unreachable, too old."""
         try:
             self._client.ping()
+            probe = self._key_prefix + b"permission-probe"  # never a record's name
+            self._client.getrange(probe, 0, 0)  # the ACL user may run what a get sends
+            if self.ttl_ms:
+                self._client.pexpire(probe, self.ttl_ms)
             if hasattr(self._client, "info") and not self._is_cluster:
                 version = str(self._client.info("server").get("redis_version", "0"))
                 major_minor = tuple(int(p) for p in version.split(".")[:2] if p.isdigit())
@@ -334,10 +344,12 @@ class RedisTier(Tier):
             ) from exc
         except RedisError as exc:
             text = str(exc)
-            if "NOAUTH" in text or "WRONGPASS" in text or "NOPERM" in text:
+            refused = type(exc).__name__ == "NoPermissionError"  # redis-py strips "NOPERM"
+            if refused or "NOAUTH" in text or "WRONGPASS" in text or "NOPERM" in text:
                 raise PermissionError(
                     f"redis tier: the server at {self._redacted()} refused us: {text} "
-                    "(give an ACL username and password)"
+                    "(give an ACL username and password allowed +set +getrange +pexpire "
+                    "+exists +del +scan +strlen +ping +info)"
                 ) from exc
             raise ConnectionError(f"redis tier: cannot reach {self._redacted()}: {text}") from exc
 
@@ -469,27 +481,35 @@ class RedisTier(Tier):
                     continue  # no verdict: the key reads MISS until asked again
                 self._remember(key, Presence.HIT if answer else Presence.MISS, now)
 
-    def _pipelined(self, names: Sequence[bytes], add: Callable[[Any, bytes], object]) -> list[Any]:
+    def _pipelined(
+        self, names: Sequence[bytes], add: Callable[[Any, bytes], object], per_name: int = 1
+    ) -> list[Any]:
         """One answer per name (an exception object for a failed command), never raising.
 
-        On a cluster the commands are grouped by node and each node gets its own pipeline, so
-        a node that is down fails only its own keys (redis-py fails a whole cluster pipeline).
+        ``add`` queues ``per_name`` commands for a name; its answer is the last one's, or the
+        first failure among them. On a cluster the commands are grouped by node and each node
+        gets its own pipeline, so a node that is down fails only its own keys (redis-py fails a
+        whole cluster pipeline).
         """
         if not self._is_cluster:
-            return self._pipeline_group(None, names, add)
+            return self._pipeline_group(None, names, add, per_name)
         groups: dict[str, list[int]] = {}
         for i, name in enumerate(names):
             node = self._client.get_node_from_key(name)
             groups.setdefault(node.name, []).append(i)
         answers: list[Any] = [None] * len(names)
         for node_name, indices in groups.items():
-            part = self._pipeline_group(node_name, [names[i] for i in indices], add)
+            part = self._pipeline_group(node_name, [names[i] for i in indices], add, per_name)
             for i, answer in zip(indices, part, strict=True):
                 answers[i] = answer
         return answers
 
     def _pipeline_group(
-        self, node: str | None, names: Sequence[bytes], add: Callable[[Any, bytes], object]
+        self,
+        node: str | None,
+        names: Sequence[bytes],
+        add: Callable[[Any, bytes], object],
+        per_name: int = 1,
     ) -> list[Any]:
         if not self._available(node):
             return [_Unavailable(f"{node or self._redacted()} is backing off")] * len(names)
@@ -507,7 +527,12 @@ class RedisTier(Tier):
             self._note_failure(next(a for a in answers if isinstance(a, BaseException)), node)
         else:
             self._note_success(node)
-        return answers
+        if per_name == 1:
+            return answers
+        groups = [answers[i : i + per_name] for i in range(0, len(answers), per_name)]
+        return [
+            next((a for a in group if isinstance(a, BaseException)), group[-1]) for group in groups
+        ]
 
     def _direct_exchange(self, count: int, talk: Callable[[Any], list[Any]]) -> list[Any]:
         """``talk(connection)`` on one connection of the pool: ``count`` answers, never raising.
@@ -714,20 +739,69 @@ class RedisTier(Tier):
                 answers = self._pipelined(
                     names, functools.partial(_set_absent, records=records, px=px)
                 )
+            taken = [
+                i
+                for i, answer in zip(piece, answers, strict=True)
+                if not answer and not isinstance(answer, BaseException)
+            ]
+            unreadable = self._check_taken([keys[i] for i in taken])
             now = time.monotonic()
             with self._lock:
                 for i, answer in zip(piece, answers, strict=True):
                     if isinstance(answer, BaseException):
                         reasons[i] = _reason_of(answer)
                         continue
-                    ok[i] = True
                     if answer:
+                        ok[i] = True
                         written += self.memory.slot_bytes
                         self._stats["records_written"] += 1
+                        self._remember(keys[i], Presence.HIT, now)
+                    elif keys[i] in unreadable:  # NX found a name we cannot read back
+                        reasons[i] = unreadable[keys[i]]
+                        self._remember(keys[i], Presence.MISS, now)
                     else:  # NX: another writer (or an earlier put) stored it already
+                        ok[i] = True
                         self._stats["records_existing"] += 1
-                    self._remember(keys[i], Presence.HIT, now)
+                        self._remember(keys[i], Presence.HIT, now)
         return self._result(job_id, JobKind.PUT, keys, ok, generation, written, started, reasons)
+
+    def _check_taken(self, keys: list[OffloadKey]) -> dict[OffloadKey, str]:
+        """Of ``keys`` whose ``SET NX`` found the name taken, those we could not read back,
+        each with its reason: ``name_taken`` (another value type, another secret's or
+        namespace's record, junk, another slot size, gone since) or why the check failed.
+
+        Why read it: ``NX`` says only that the name exists. A put is a success when what sits
+        there is a record this tier would serve (the same block, from another writer); the
+        check costs one bounded read, and only for puts that found their name taken.
+        """
+        if not keys:
+            return {}
+        limits = {self._name(key): self._record_bytes(key) for key in keys}
+        answers = self._pipelined(
+            list(limits), lambda pipe, name: pipe.getrange(name, 0, limits[name])
+        )
+        out: dict[OffloadKey, str] = {}
+        for key, answer in zip(keys, answers, strict=True):
+            if isinstance(answer, BaseException):
+                if "WRONGTYPE" not in str(answer):
+                    out[key] = _reason_of(answer)
+                    continue
+                error: Exception = RecordError("name_taken", "a value of another type")
+            else:
+                try:
+                    if not answer:
+                        raise RecordError("name_taken", "gone since the put found it")
+                    if len(answer) > self._record_bytes(key):
+                        raise RecordError("name_taken", "a value longer than our record")
+                    payload = self.codec.payload_of(key, memoryview(answer))
+                    if len(payload) != self.memory.slot_bytes:
+                        raise RecordError("name_taken", f"a {len(payload)}-byte payload")
+                    continue
+                except RecordError as exc:
+                    error = exc
+            out[key] = "name_taken"
+            logger.warning("redis tier: put of %s found its name taken (%s)", key.hex(), error)
+        return out
 
     def _send_records(
         self,
@@ -767,27 +841,58 @@ class RedisTier(Tier):
         slots: list[int],
         px: int,
     ) -> list[Any]:
-        """``GETEX name PX px`` (``GET`` without a TTL) for each name on ``conn``: one outcome
-        per record (see :meth:`_load`), each verified and copied as soon as it has arrived."""
-        conn.send_packed_command([b"".join(wire.get_command(name, px) for name in names)])
+        """``PEXPIRE name PX px`` (none without a TTL) and ``GETRANGE name 0 <record bytes>``
+        for each name on ``conn``: one outcome per record (see :meth:`_outcome`), each verified
+        and copied as soon as it has arrived. No reply is received beyond one byte over the
+        record's size: a longer bulk length is a protocol error, before its bytes are read."""
+        limits = [self._record_bytes(key) for key in keys]
+        conn.send_packed_command(
+            [
+                b"".join(
+                    wire.get_command(name, px, limit)
+                    for name, limit in zip(names, limits, strict=True)
+                )
+            ]
+        )
         replies = wire.Replies(conn._sock)
         buffer = self._get_buffer()
+        allowed = 0
 
         def buffer_for(size: int) -> memoryview:
+            if size > allowed:
+                raise RedisConnectionError(
+                    f"Protocol error: {size} bytes for a GETRANGE of at most {allowed}"
+                )
             return buffer[:size] if size <= len(buffer) else memoryview(bytearray(size))
 
         outcomes: list[Any] = []
-        for key, slot in zip(keys, slots, strict=True):
+        for key, slot, limit in zip(keys, slots, limits, strict=True):
+            refreshed = replies.reply() if px else None
+            allowed = limit + 1
             answer = replies.reply(buffer_for)
-            if isinstance(answer, memoryview):
-                outcomes.append(self._load(key, slot, answer))
-            elif answer is None or isinstance(answer, Exception):
-                outcomes.append(answer)
-            else:
-                raise RedisConnectionError(f"Protocol error: {type(answer).__name__} for a GET")
+            if isinstance(refreshed, Exception):  # the command failed (its range is moot)
+                answer = refreshed
+            elif not (answer is None or isinstance(answer, (memoryview, Exception))):
+                raise RedisConnectionError(f"Protocol error: {type(answer).__name__} for GETRANGE")
+            outcomes.append(self._outcome(key, slot, answer))
         if replies.buffered:
             raise RedisConnectionError("Protocol error: data after the last reply")
         return outcomes
+
+    def _record_bytes(self, key: bytes) -> int:
+        """The size of ``key``'s record: no value under its name is received past one byte
+        more (see :func:`wire.get_command`)."""
+        return self.codec.header_bytes(key) + self.memory.slot_bytes
+
+    def _outcome(self, key: OffloadKey, slot: int, answer: Any) -> Any:
+        """What a ``GETRANGE`` answer means: ``True`` (verified, copied into ``slot``), ``None``
+        (missing: the empty string of an absent name), a :class:`RecordError`, or the
+        exception object of a failed command."""
+        if isinstance(answer, (bytes, bytearray, memoryview)):
+            return self._load(key, slot, answer) if len(answer) else None
+        if answer is None or isinstance(answer, BaseException):
+            return answer
+        return RecordError("corrupt", f"a {type(answer).__name__} reply to GETRANGE")
 
     def _get_buffer(self) -> memoryview:
         """This thread's reusable receive buffer, one record of the largest key."""
@@ -801,6 +906,11 @@ class RedisTier(Tier):
         """Verify ``record`` and copy its payload into ``slot``: ``True``, or the
         :class:`RecordError` that says why it must not be served (the slot is untouched)."""
         try:
+            if len(record) > self._record_bytes(key):  # a range cut at one byte over
+                self.codec.check_header(key, memoryview(record))
+                raise RecordError(  # ours but for another slot size: some other reader's
+                    "oversized", f"a value longer than the {self._record_bytes(key)}-byte record"
+                )
             payload = self.codec.payload_of(key, memoryview(record))
             view = self.memory.slot_view(slot)
             if len(payload) != len(view):
@@ -831,9 +941,12 @@ class RedisTier(Tier):
         read = 0
         bad: list[bytes] = []
         px = self.ttl_ms
+        limits = {self._name(key): self._record_bytes(key) for key in keys}
 
         def fetch(pipe: Any, name: bytes) -> object:
-            return pipe.getex(name, px=px) if px else pipe.get(name)
+            if px:
+                pipe.pexpire(name, px)
+            return pipe.getrange(name, 0, limits[name])
 
         for piece in self._pieces(len(keys), self.memory.slot_bytes):
             names = [self._name(keys[i]) for i in piece]
@@ -849,13 +962,10 @@ class RedisTier(Tier):
                     ),
                 )
             else:
+                answers = self._pipelined(names, fetch, 2 if px else 1)
                 outcomes = [
-                    self._load(keys[i], slots[i], answer)
-                    if isinstance(answer, (bytes, bytearray, memoryview))
-                    else answer
-                    if answer is None or isinstance(answer, BaseException)
-                    else RecordError("corrupt", f"a {type(answer).__name__} reply to GET")
-                    for i, answer in zip(piece, self._pipelined(names, fetch), strict=True)
+                    self._outcome(keys[i], slots[i], answer)
+                    for i, answer in zip(piece, answers, strict=True)
                 ]
             now = time.monotonic()
             dropped: list[tuple[OffloadKey, RecordError]] = []
@@ -868,7 +978,8 @@ class RedisTier(Tier):
                         self._remember(keys[i], Presence.HIT, now)
                     elif isinstance(outcome, RecordError):
                         reasons[i] = outcome.reason
-                        bad.append(keys[i])
+                        if outcome.garbage:  # another secret's or slot size's: left alone
+                            bad.append(keys[i])
                         dropped.append((keys[i], outcome))
                         self._stats[f"rejected_{outcome.reason}"] += 1
                         self._remember(keys[i], Presence.MISS, now)
