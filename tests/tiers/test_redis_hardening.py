@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import struct
 import sys
+import time
 import tracemalloc
 import uuid
 from pathlib import Path
@@ -279,7 +280,9 @@ def test_readers_with_another_secret_or_none_leave_signed_records_alone(
 ) -> None:
     prefix = fresh_prefix()
     signer = _tier(mode, request, prefix=prefix, namespace="t", secret=SECRET, lookup="sync")
-    stale = _tier(mode, request, prefix=prefix, namespace="t", secret="an-older-secret-0123")
+    stale = _tier(
+        mode, request, prefix=prefix, namespace="t", secret="an-older-secret-0123", verdict_ttl_s=30
+    )
     unsigned = _tier(mode, request, prefix=prefix, namespace="t")
     try:
         keys = fresh_keys(6)
@@ -289,6 +292,8 @@ def test_readers_with_another_secret_or_none_leave_signed_records_alone(
             assert result.reasons == dict.fromkeys(range(6), "bad_signature")
             assert reader.stats().get("records_deleted_bad", 0) == 0
         assert all(_admin(signer).exists(signer._name(k)) for k in keys)
+        time.sleep(0.1)  # past the negative verdict's 50 ms: still known unreadable, no EXISTS
+        assert stale.contains(keys) == [Presence.MISS] * 6
         back = get(signer, keys)  # the fleet's records are all still there, and valid
         assert back.all_ok
         (plain,) = fresh_keys(1)  # and the other way round: an unsigned record is someone's

@@ -575,9 +575,12 @@ class RedisTier(Tier):
             self._note_success()
         return answers
 
-    def _remember(self, key: bytes, presence: Presence, now: float) -> None:
-        """Cache a verdict (lock held)."""
-        ttl = self.verdict_ttl_s if presence is Presence.HIT else self.negative_ttl_s
+    def _remember(
+        self, key: bytes, presence: Presence, now: float, ttl: float | None = None
+    ) -> None:
+        """Cache a verdict (lock held), for ``ttl`` seconds (default: by its kind)."""
+        if ttl is None:
+            ttl = self.verdict_ttl_s if presence is Presence.HIT else self.negative_ttl_s
         self._verdicts[key] = (presence, now + ttl)
         self._verdicts.move_to_end(key)
         while len(self._verdicts) > self.verdict_cache_entries:
@@ -978,11 +981,15 @@ class RedisTier(Tier):
                         self._remember(keys[i], Presence.HIT, now)
                     elif isinstance(outcome, RecordError):
                         reasons[i] = outcome.reason
-                        if outcome.garbage:  # another secret's or slot size's: left alone
-                            bad.append(keys[i])
                         dropped.append((keys[i], outcome))
                         self._stats[f"rejected_{outcome.reason}"] += 1
-                        self._remember(keys[i], Presence.MISS, now)
+                        if outcome.garbage:
+                            bad.append(keys[i])
+                            self._remember(keys[i], Presence.MISS, now)
+                        else:  # another secret's or slot size's: left alone, and trusted to
+                            # stay unreadable for as long as a hit is (EXISTS would say HIT
+                            # and the next get would move the same record again)
+                            self._remember(keys[i], Presence.MISS, now, self.verdict_ttl_s)
                     elif outcome is None:  # expired or evicted since the lookup: a miss, no retry
                         reasons[i] = "missing"
                         self._stats["misses"] += 1
