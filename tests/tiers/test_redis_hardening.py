@@ -310,7 +310,9 @@ def test_a_put_that_finds_its_name_taken_by_what_it_cannot_read_fails(
     mode: str, request: pytest.FixtureRequest
 ) -> None:
     prefix = fresh_prefix()
-    tier = _tier(mode, request, prefix=prefix, namespace="t", secret=SECRET, lookup="sync")
+    tier = _tier(
+        mode, request, prefix=prefix, namespace="t", secret=SECRET, lookup="sync", verdict_ttl_s=30
+    )
     other = _tier(mode, request, prefix=prefix, namespace="t", secret="an-older-secret-0123")
     peer = _tier(mode, request, prefix=prefix, namespace="t", secret=SECRET)
     unsigned = _tier(mode, request, prefix=prefix, namespace="t")

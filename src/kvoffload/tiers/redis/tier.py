@@ -761,7 +761,8 @@ class RedisTier(Tier):
                         self._remember(keys[i], Presence.HIT, now)
                     elif keys[i] in unreadable:  # NX found a name we cannot read back
                         reasons[i] = unreadable[keys[i]]
-                        self._remember(keys[i], Presence.MISS, now)
+                        ttl = self.verdict_ttl_s if reasons[i] == "name_taken" else None
+                        self._remember(keys[i], Presence.MISS, now, ttl)  # EXISTS says HIT
                     else:  # NX: another writer (or an earlier put) stored it already
                         ok[i] = True
                         self._stats["records_existing"] += 1
