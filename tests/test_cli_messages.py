@@ -1,0 +1,89 @@
+"""What the kvoffload command says: help text, summaries, warnings and the errors it blames.
+
+Each test drives the command the way a user does (``cli.main`` in-process, or a real
+``python -m kvoffload`` subprocess where the output of the whole process matters).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kvoffload import cli
+
+COMMANDS = ["simulate", "sweep", "bounds", "generate", "demo", "policies"]
+
+
+def _kvoffload(*argv: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    return subprocess.run(
+        [sys.executable, "-m", "kvoffload", *argv],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=cwd,
+        timeout=300,
+    )
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_help_shows_percent_signs_once(
+    command: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COLUMNS", "200")  # one line per paragraph: '5%' is not split
+    with pytest.raises(SystemExit):
+        cli.main([command, "--help"])
+    text = capsys.readouterr().out
+    assert "%%" not in text
+    if command in ("simulate", "sweep", "bounds"):
+        assert "1%,5%" in text or "1%,2%,5%" in text
+
+
+def test_generate_summary_rounds_the_duration_and_hides_empty_rows(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "w.jsonl"
+    assert cli.main(["generate", "--requests", "50", "-o", str(path), "--format", "json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    duration = summary["duration_s"]
+    assert duration == round(duration, 3) and duration > 0
+    assert cli.main(["generate", "--requests", "50", "-o", str(path)]) == 0
+    table = capsys.readouterr().out
+    assert "None" not in table and "first_skip_error" not in table
+    assert f"{duration}" in table
+
+
+BAD_POLICY = '''
+from kvoffload.policies.lru import LRUCachePolicy
+
+
+class Bad(LRUCachePolicy):
+    """Evicts the blocks it is asked to keep first (pinned or not): breaks the contract."""
+
+    def evict(self, n, protected):
+        if n <= 0:
+            return []
+        if n > len(self._evictable):
+            return None
+        chosen = [key for key in protected if key in self._blocks][:n]
+        chosen += [key for key in self._evictable if key not in chosen][: n - len(chosen)]
+        for key in chosen:
+            self._evictable.pop(key, None)
+        return [(key, self._blocks.pop(key)) for key in chosen]
+'''
+
+
+def test_out_of_tree_warning_is_printed_once_per_run(tmp_path: Path) -> None:
+    (tmp_path / "oot_once.py").write_text(
+        "from kvoffload.policies.lru import LRUCachePolicy\n\n\n"
+        "class Mine(LRUCachePolicy):\n    pass\n"
+    )
+    argv = ["simulate", "--policy", "oot_once:Mine", "--requests", "100"]
+    done = _kvoffload(*argv, "--workers", "2", "--no-progress", "--format", "json", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.count("Loading out-of-tree") == 1, done.stderr
