@@ -87,3 +87,38 @@ def test_out_of_tree_warning_is_printed_once_per_run(tmp_path: Path) -> None:
     done = _kvoffload(*argv, "--workers", "2", "--no-progress", "--format", "json", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert done.stderr.count("Loading out-of-tree") == 1, done.stderr
+
+
+def _one_error_line(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
+    assert cli.main(list(argv)) == 1
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("kvoffload: error: "), captured.err
+    return lines[0]
+
+
+def test_simulate_a_directory_names_it_without_errno(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    line = _one_error_line(capsys, "simulate", str(tmp_path), "--policy", "lru")
+    assert "Errno" not in line and "is a directory; give a trace file" in line
+
+
+def test_simulate_a_csv_trace_says_csv_is_not_read(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "t.csv"
+    path.write_text('timestamp,input_length,hash_ids\n0,600,"[1, 2]"\n')
+    line = _one_error_line(capsys, "simulate", str(path), "--policy", "lru")
+    assert "CSV is not read" in line and "csv.DictReader" in line
+
+
+def test_simulate_a_generic_trace_with_input_length(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "g.jsonl"
+    path.write_text('{"hash_ids": [1, 2], "input_length": 600}\n{"hash_ids": [1, 3]}\n')
+    argv = ["simulate", str(path), "--policy", "lru", "--capacity", "2", "--workers", "1"]
+    assert cli.main([*argv, "--format", "json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["results"][0]["requests"] == 2 and out["results"][0]["block_hits"] == 1
