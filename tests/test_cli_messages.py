@@ -122,3 +122,40 @@ def test_simulate_a_generic_trace_with_input_length(
     assert cli.main([*argv, "--format", "json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["results"][0]["requests"] == 2 and out["results"][0]["block_hits"] == 1
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_a_broken_user_policy_is_blamed_by_name_not_reported_as_our_bug(
+    tmp_path: Path, workers: str
+) -> None:
+    (tmp_path / "badpol_cli.py").write_text(BAD_POLICY)
+    argv = ["simulate", "--policy", "badpol_cli:Bad", "--requests", "300", "--overlap"]
+    done = _kvoffload(
+        *argv, "--workers", workers, "--no-progress", "--format", "json", cwd=tmp_path
+    )
+    assert done.returncode == 1, done.stderr
+    assert "internal error" not in done.stderr and "this is a bug" not in done.stderr
+    errors = [line for line in done.stderr.splitlines() if line.startswith("kvoffload:")]
+    assert len(errors) == 1 and errors[0].startswith("kvoffload: error: policy 'badpol_cli:Bad'")
+    assert "check_policy_conformance" in errors[0]
+    # The check the line shows, run as written, names the broken rule.
+    code = errors[0].split('python -c "', 1)[1].split('"', 1)[0]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    check = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, env=env
+    )
+    assert check.returncode != 0 and "breaks the rule 'never evict protected'" in check.stderr
+
+
+def test_a_failing_builtin_replay_is_still_our_bug(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import kvoffload.sim.sweep as sweep
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise AttributeError("a bug of ours")
+
+    monkeypatch.setattr(sweep, "replay", broken)
+    argv = ["simulate", "--policy", "lru", "--requests", "50", "--workers", "1", "--no-bounds"]
+    assert cli.main(argv) == 70
+    assert "internal error: AttributeError: a bug of ours" in capsys.readouterr().err

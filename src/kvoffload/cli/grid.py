@@ -10,9 +10,10 @@ from typing import Any
 from kvoffload.cli import inputs, output
 from kvoffload.cli.errors import UserError
 from kvoffload.cli.shadow_report import shadow_rows, shadow_table
+from kvoffload.policies import get_cache_policy_cls
 from kvoffload.sim.capacity import Capacity
 from kvoffload.sim.records import Trace
-from kvoffload.sim.sweep import SweepResult, run_sweep
+from kvoffload.sim.sweep import SweepResult, failed_cell, run_sweep
 
 
 def progress_bar(enabled: bool) -> Any:
@@ -37,6 +38,38 @@ def progress_bar(enabled: bool) -> Any:
         TimeElapsedColumn(),
         console=Console(stderr=True),
         transient=True,
+    )
+
+
+def blame_user_policy(exc: BaseException) -> UserError | None:
+    """A user error naming the out-of-tree policy whose replay raised ``exc``, or ``None``.
+
+    Why: the manager trusts its policy's answers (an ``evict`` that returns a protected or
+    pinned block breaks it later, somewhere else), so an exception in the replay of a policy
+    that is not one of ours is the policy's fault far more often than ours; the conformance
+    check names the broken rule at once. A built-in's failure stays a bug (``None``).
+    """
+    cell = failed_cell(exc)
+    if cell is None:
+        return None
+    policy, capacity = cell
+    try:
+        cls = get_cache_policy_cls(policy.name, policy.module_path)
+    except Exception:  # it loaded for the replay; if it no longer does, say nothing more
+        return None
+    module = cls.__module__
+    if module == "kvoffload" or module.startswith("kvoffload."):
+        return None
+    name = cls.__qualname__
+    check = (
+        f"from kvoffload.testing import check_policy_conformance; from {module} import "
+        f"{name.split('.')[0]}; check_policy_conformance({name})"
+    )
+    return UserError(
+        f"policy '{policy.label}' broke the replay at capacity {capacity} "
+        f"({type(exc).__name__}: {exc}); it is not a built-in policy: check it against the "
+        f'policy contract with  python -c "{check}"  which names the rule it breaks '
+        "(--debug shows the traceback)"
     )
 
 
@@ -83,6 +116,11 @@ def run_grid(args: argparse.Namespace, default_caps: str) -> Grid:
             on_task_done=done,
             on_started=started,
         )
+    except Exception as exc:
+        blame = blame_user_policy(exc)
+        if blame is None:
+            raise
+        raise blame from exc
     finally:
         if progress is not None:
             progress.stop()
@@ -128,4 +166,4 @@ def report(args: argparse.Namespace, grid: Grid) -> int:
     return 1 if errors else 0
 
 
-__all__ = ["Grid", "progress_bar", "report", "run_grid"]
+__all__ = ["Grid", "blame_user_policy", "progress_bar", "report", "run_grid"]

@@ -2,8 +2,9 @@
 
 Every command prints an aligned table (``--format table``, default; needs rich, the ``[cli]``
 extra) or one JSON object (``--format json``; needs nothing). A user error (bad input,
-configuration or output path) is one line on stderr and exit status 1 (2 for bad usage); any
-other exception is a bug and says so (exit status 70), with ``--debug`` for the traceback.
+configuration or output path, or a replay an out-of-tree policy broke) is one line on stderr
+and exit status 1 (2 for bad usage); any other exception is a bug and says so (exit status
+70), with ``--debug`` for the traceback.
 Long work shows a progress bar on stderr when stderr is a terminal; Ctrl-C stops it (workers
 included) with exit status 130.
 """

@@ -7,6 +7,7 @@ per-task traffic is a small spec out and a result back. Results come back in a f
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import signal
@@ -40,10 +41,29 @@ def _init_worker(trace: Trace) -> None:
 def replay_at(
     trace: Trace, policy: PolicySpec, capacity: Capacity, options: ReplayOptions
 ) -> ReplayResult:
-    """One grid cell: a single-tier replay, or a multi-tier one for a :class:`TieredCapacity`."""
-    if isinstance(capacity, TieredCapacity) and capacity.config is not None:
-        return tiered_replay(trace, capacity.config, policy, options)
-    return replay(trace, capacity.blocks, policy, options, capacity.label)
+    """One grid cell: a single-tier replay, or a multi-tier one for a :class:`TieredCapacity`.
+
+    An exception it raises carries the cell (:func:`failed_cell`), across worker processes
+    too, so a caller can tell which policy broke the replay.
+    """
+    try:
+        if isinstance(capacity, TieredCapacity) and capacity.config is not None:
+            return tiered_replay(trace, capacity.config, policy, options)
+        return replay(trace, capacity.blocks, policy, options, capacity.label)
+    except Exception as exc:
+        # An attribute, not a wrapper: the exception keeps its type (and pickles with it);
+        # an exception type without a __dict__ just has no cell to tell.
+        with contextlib.suppress(AttributeError):
+            exc.kvoffload_replay_cell = (policy, capacity.label)  # type: ignore[attr-defined]
+        raise
+
+
+def failed_cell(exc: BaseException) -> tuple[PolicySpec, str] | None:
+    """``(policy, capacity label)`` of the replay that raised ``exc``, if a replay did."""
+    cell = getattr(exc, "kvoffload_replay_cell", None)
+    if isinstance(cell, tuple) and len(cell) == 2 and isinstance(cell[0], PolicySpec):
+        return cell[0], str(cell[1])
+    return None
 
 
 def _worker_replay(policy: PolicySpec, capacity: Capacity, options: ReplayOptions) -> ReplayResult:
@@ -183,4 +203,4 @@ def _run_inline(
     return SweepResult(results, bounds)
 
 
-__all__ = ["SweepResult", "default_workers", "replay_at", "run_sweep"]
+__all__ = ["SweepResult", "default_workers", "failed_cell", "replay_at", "run_sweep"]
