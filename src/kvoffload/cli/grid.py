@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from kvoffload.cli import inputs, output
-from kvoffload.cli.errors import UserError
+from kvoffload.cli.errors import EXIT_INTERRUPTED, UserError
 from kvoffload.cli.shadow_report import shadow_rows, shadow_table
 from kvoffload.policies import get_cache_policy_cls
 from kvoffload.sim.capacity import Capacity
 from kvoffload.sim.records import Trace
-from kvoffload.sim.sweep import SweepResult, failed_cell, run_sweep
+from kvoffload.sim.sweep import SweepInterrupted, SweepResult, failed_cell, run_sweep
 
 
 def progress_bar(enabled: bool) -> Any:
@@ -83,7 +85,13 @@ class Grid:
 
 
 def run_grid(args: argparse.Namespace, default_caps: str) -> Grid:
-    """Check every input and output first, then replay the grid."""
+    """Check every input and output first, then replay the grid.
+
+    Ctrl-C after some tasks finished returns the partial grid (``sweep.partial``) for
+    :func:`report` to print and write; before any finished, it raises ``KeyboardInterrupt``
+    and leaves no plot directory it made.
+    """
+    new_plot_dir = bool(args.plot) and not Path(args.plot).exists()
     output.check_outputs(args.output, args.plot)
     if args.workers is not None and args.workers < 1:
         raise UserError(f"--workers must be >= 1, got {args.workers}")
@@ -116,6 +124,12 @@ def run_grid(args: argparse.Namespace, default_caps: str) -> Grid:
             on_task_done=done,
             on_started=started,
         )
+    except SweepInterrupted as interrupted:
+        sweep = interrupted.partial
+        if not sweep.tasks_done:
+            if new_plot_dir:
+                _remove_if_empty(Path(args.plot))
+            raise
     except Exception as exc:
         blame = blame_user_policy(exc)
         if blame is None:
@@ -127,14 +141,24 @@ def run_grid(args: argparse.Namespace, default_caps: str) -> Grid:
     return Grid(trace, capacities, sweep)
 
 
+def _remove_if_empty(directory: Path) -> None:
+    # Not empty (someone wrote there) or already gone: leave it.
+    with contextlib.suppress(OSError):
+        directory.rmdir()
+
+
 def report(args: argparse.Namespace, grid: Grid) -> int:
     """Print the results (table or JSON), then write the files; 1 if a file failed.
 
     With ``--shadow`` candidates the shadow estimates follow (``"shadow"`` in JSON).
     """
     trace, sweep = grid.trace, grid.sweep
-    labels = [c.label for c in grid.capacities] if sweep.bounds else []
+    label_of = {c.blocks: c.label for c in grid.capacities}
+    labels = [label_of.get(b.capacity_blocks, "") for b in sweep.bounds]
     record = output.sweep_record(trace, sweep, labels, args.timing)
+    finished = f"{sweep.tasks_done} of {sweep.tasks_total} tasks finished"
+    if sweep.partial:  # Ctrl-C: what finished, marked so nobody takes it for the whole grid
+        record.update(partial=True, tasks_finished=sweep.tasks_done, tasks_total=sweep.tasks_total)
     candidates = inputs.shadow_candidates(args)
     rows = shadow_rows(sweep.results, candidates) if candidates else []
     if rows:
@@ -160,9 +184,18 @@ def report(args: argparse.Namespace, grid: Grid) -> int:
             ]
         output.print_rich(*items)
     title = (args.trace and args.trace.rsplit("/", 1)[-1]) or "generated workload"
+    if sweep.partial:
+        title += f" (partial: {finished})"
     errors = output.write_outputs(args.output, args.plot, record, sweep, title, args.timing)
     for line in errors:
         print(f"kvoffload: error: {line}", file=sys.stderr)
+    if sweep.partial:
+        written = " and ".join(
+            what for what, given in (("the files", args.output), ("the plots", args.plot)) if given
+        )
+        kept = f"; {written} hold them, marked partial" if written else ""
+        print(f"kvoffload: interrupted: {finished}{kept}", file=sys.stderr)
+        return EXIT_INTERRUPTED
     return 1 if errors else 0
 
 
