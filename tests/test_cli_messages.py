@@ -159,3 +159,13 @@ def test_a_failing_builtin_replay_is_still_our_bug(
     argv = ["simulate", "--policy", "lru", "--requests", "50", "--workers", "1", "--no-bounds"]
     assert cli.main(argv) == 70
     assert "internal error: AttributeError: a bug of ours" in capsys.readouterr().err
+
+
+def test_demo_with_a_disk_path_that_is_a_file_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("torch")
+    afile = tmp_path / "kv"
+    afile.write_text("a file")
+    line = _one_error_line(capsys, "demo", "--disk", str(afile), "--requests", "5")
+    assert "tiers[0].path' must be a directory" in line and str(afile) in line
