@@ -6,7 +6,8 @@ configuration or output path, or a replay an out-of-tree policy broke) is one li
 and exit status 1 (2 for bad usage); any other exception is a bug and says so (exit status
 70), with ``--debug`` for the traceback.
 Long work shows a progress bar on stderr when stderr is a terminal; Ctrl-C stops it (workers
-included) with exit status 130.
+included) with exit status 130, after writing what finished, marked partial (``simulate``,
+``sweep``).
 """
 
 from __future__ import annotations
