@@ -182,6 +182,8 @@ def report(args: argparse.Namespace, grid: Grid) -> int:
                 "read from the first policy's replay; actual: its own full replay; error = "
                 "estimated - actual block hit ratio.",
             ]
+        if sweep.partial:
+            items.append(f"partial: interrupted, {finished}")
         output.print_rich(*items)
     title = (args.trace and args.trace.rsplit("/", 1)[-1]) or "generated workload"
     if sweep.partial:
