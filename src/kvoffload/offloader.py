@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from kvoffload._checks import check_int, check_number
+from kvoffload._sizes import parse_size
 from kvoffload.context import ReqContext
 from kvoffload.keys import OffloadKey, make_offload_key
 from kvoffload.layout import KVCacheLayout
@@ -81,7 +82,8 @@ class KVOffloader:
 
     Args:
         kv_caches: the engine's KV tensors (a sequence, or a mapping name -> tensor).
-        cpu_bytes: host memory for the tier; slots = ``cpu_bytes // slot bytes``.
+        cpu_bytes: host memory for the tier, bytes or a size (``"8GiB"``); slots =
+            ``cpu_bytes // slot bytes``.
         policy: eviction policy name (``"lru"``, ``"arc"``, ... or ``"module:Class"``).
         layout: the tensors' layout; default ``KVCacheLayout.from_tensors(kv_caches, kind,
             groups)``.
@@ -101,7 +103,7 @@ class KVOffloader:
     def __init__(
         self,
         kv_caches: Sequence[torch.Tensor] | Mapping[str, torch.Tensor],
-        cpu_bytes: int,
+        cpu_bytes: int | str,
         policy: str = "lru",
         *,
         layout: KVCacheLayout | None = None,
@@ -113,15 +115,25 @@ class KVOffloader:
         if tier_wait_s != math.inf:  # inf: wait for the tiers as long as they take
             check_number("tier_wait_s", tier_wait_s, 0, why=" (seconds) or inf")
         self.tier_wait_s = float(tier_wait_s)
+        if isinstance(cpu_bytes, float) and math.isfinite(cpu_bytes) and cpu_bytes >= 1:
+            cpu_bytes = int(cpu_bytes)  # floored, as the config's cpu_bytes_to_use is
+        cpu_bytes = parse_size("cpu_bytes", cpu_bytes, 1)
         if layout is None:
             layout = KVCacheLayout.from_tensors(kv_caches, kind, groups)
-        cfg = OffloadingConfig.from_extra_config(
-            config, cpu_bytes_to_use=cpu_bytes, eviction_policy=policy
-        )
-        spec = OffloadingSpecFactory.create_spec(cfg, layout)
-        self.spec: OffloadingSpec = spec
-        self.manager: OffloadingManager = spec.get_manager()
-        self.worker: TransferWorker = spec.get_worker(kv_caches)
+        try:
+            cfg = OffloadingConfig.from_extra_config(
+                config, cpu_bytes_to_use=cpu_bytes, eviction_policy=policy
+            )
+            spec = OffloadingSpecFactory.create_spec(cfg, layout)
+            self.spec: OffloadingSpec = spec
+            self.manager: OffloadingManager = spec.get_manager()
+            self.worker: TransferWorker = spec.get_worker(kv_caches)
+        except ValueError as exc:
+            # The config's key for the budget is cpu_bytes_to_use; the caller typed cpu_bytes.
+            text = str(exc)
+            if "cpu_bytes_to_use" not in text or "cpu_bytes_to_use" in config:
+                raise
+            raise ValueError(text.replace("config 'cpu_bytes_to_use'", "cpu_bytes")) from None
         self.blocks_per_chunk = spec.blocks_per_chunk
         self._job_ids = itertools.count(1)
         self._stores: dict[int, tuple[list[OffloadKey], ReqContext]] = {}

@@ -112,7 +112,9 @@ def write_outputs(
         try:
             with path.open("w", newline="") as out:
                 if path.suffix == ".csv":
-                    write_results_csv(sweep.results, sweep.bounds, out, timing)
+                    write_results_csv(
+                        sweep.results, sweep.bounds, out, timing, partial=sweep.partial
+                    )
                 else:
                     dump_json(record, out)
         except OSError as exc:

@@ -213,7 +213,8 @@ def run_one(args: argparse.Namespace) -> dict[str, Any]:
             blocks_per_chunk=args.blocks_per_chunk,
             tiers=tiers,
         )
-    except (ConnectionError, PermissionError, OSError) as exc:
+    except (ConnectionError, OSError, ValueError, TypeError) as exc:
+        # The options built this config: a bad --disk path or budget is bad input here.
         raise UserError(f"cannot open the tiers: {exc}") from None
     with offloader:
         content = ToyKVContent(layout, kv, offloader.spec.slot_layout)
