@@ -7,11 +7,12 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-from kvoffload.cli import inputs, output
+from kvoffload.cli import answer, inputs, output
 from kvoffload.cli.errors import UserError
 from kvoffload.cli.shadow_report import shadow_rows, shadow_table
 from kvoffload.sim.capacity import Capacity
 from kvoffload.sim.records import Trace
+from kvoffload.sim.replay import PolicySpec
 from kvoffload.sim.sweep import SweepResult, run_sweep
 
 
@@ -47,6 +48,7 @@ class Grid:
     trace: Trace
     capacities: list[Capacity]
     sweep: SweepResult
+    specs: list[PolicySpec]
 
 
 def run_grid(args: argparse.Namespace, default_caps: str) -> Grid:
@@ -86,7 +88,7 @@ def run_grid(args: argparse.Namespace, default_caps: str) -> Grid:
     finally:
         if progress is not None:
             progress.stop()
-    return Grid(trace, capacities, sweep)
+    return Grid(trace, capacities, sweep, policies)
 
 
 def report(args: argparse.Namespace, grid: Grid) -> int:
@@ -106,10 +108,21 @@ def report(args: argparse.Namespace, grid: Grid) -> int:
     else:
         tables = output.tables()
         mode = args.mode + (", overlapped" if args.overlap else "")
+        autos = answer.auto_candidates(grid.specs)
         items = [
             output.trace_caption(trace, f"mode {mode}"),
-            tables.results_table(sweep.results, sweep.bounds, timing=args.timing),
-            tables.results_legend(args.mode, args.timing, bounds=bool(sweep.bounds)),
+            tables.results_table(
+                sweep.results,
+                sweep.bounds,
+                timing=args.timing,
+                display=lambda r: answer.display_name(r, autos),
+            ),
+            tables.results_legend(
+                args.mode,
+                args.timing,
+                bounds=bool(sweep.bounds),
+                auto=any(answer.ran(r, autos) for r in sweep.results),
+            ),
         ]
         if any(r.tiers is not None for r in sweep.results):
             items += [tables.tiers_table(sweep.results), tables.tiers_legend(sweep.results)]
@@ -120,9 +133,21 @@ def report(args: argparse.Namespace, grid: Grid) -> int:
                 "read from the first policy's replay; actual: its own full replay; error = "
                 "estimated - actual block hit ratio.",
             ]
+        name = args.trace and args.trace.rsplit("/", 1)[-1]
+        source = f"this trace ({name})" if name else "this generated workload"
+        lines = answer.answer_lines(sweep.results, autos, source)
+        items += ["", *lines] if lines else []
         output.print_rich(*items)
     title = (args.trace and args.trace.rsplit("/", 1)[-1]) or "generated workload"
-    errors = output.write_outputs(args.output, args.plot, record, sweep, title, args.timing)
+    errors = output.write_outputs(
+        args.output,
+        args.plot,
+        record,
+        sweep,
+        title,
+        args.timing,
+        all_policies=getattr(args, "all_policies", False),
+    )
     for line in errors:
         print(f"kvoffload: error: {line}", file=sys.stderr)
     return 1 if errors else 0
