@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import re
-import statistics
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -136,14 +135,16 @@ def curve_policies(results: Sequence[ReplayResult], top: int | None = TOP_POLICI
 
 
 def bar_axis(values: Sequence[float], baseline: float | None = None) -> tuple[float, float]:
-    """The hit-ratio range a bar chart spans: the upper half of the policies and the baseline.
+    """The hit-ratio range a bar chart spans: every policy within half of the best's value,
+    and the baseline.
 
     A policy far below the others (``sae`` at a tenth of them) would otherwise squash every
     difference that matters into a few pixels; bars below the start get their value written
     at the axis' edge instead.
     """
     best = max(values)
-    low = min([statistics.median(values), *([baseline] if baseline is not None else [])])
+    near = [v for v in values if v >= best / 2]
+    low = min([*near, *([baseline] if baseline is not None else [])])
     span = (best - low) or (best * 0.1) or 0.1
     return max(0.0, low - 0.6 * span), best + 0.3 * span
 
