@@ -9,12 +9,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kvoffload.cli import inputs, output
+from kvoffload.cli import answer, inputs, output
 from kvoffload.cli.errors import EXIT_INTERRUPTED, UserError
 from kvoffload.cli.shadow_report import shadow_rows, shadow_table
 from kvoffload.policies import get_cache_policy_cls
 from kvoffload.sim.capacity import Capacity
 from kvoffload.sim.records import Trace
+from kvoffload.sim.replay import PolicySpec
 from kvoffload.sim.sweep import SweepInterrupted, SweepResult, failed_cell, run_sweep
 
 
@@ -82,6 +83,7 @@ class Grid:
     trace: Trace
     capacities: list[Capacity]
     sweep: SweepResult
+    specs: list[PolicySpec]
 
 
 def run_grid(args: argparse.Namespace, default_caps: str) -> Grid:
@@ -138,7 +140,7 @@ def run_grid(args: argparse.Namespace, default_caps: str) -> Grid:
     finally:
         if progress is not None:
             progress.stop()
-    return Grid(trace, capacities, sweep)
+    return Grid(trace, capacities, sweep, policies)
 
 
 def _remove_if_empty(directory: Path) -> None:
@@ -168,10 +170,21 @@ def report(args: argparse.Namespace, grid: Grid) -> int:
     else:
         tables = output.tables()
         mode = args.mode + (", overlapped" if args.overlap else "")
+        autos = answer.auto_candidates(grid.specs)
         items = [
             output.trace_caption(trace, f"mode {mode}"),
-            tables.results_table(sweep.results, sweep.bounds, timing=args.timing),
-            tables.results_legend(args.mode, args.timing, bounds=bool(sweep.bounds)),
+            tables.results_table(
+                sweep.results,
+                sweep.bounds,
+                timing=args.timing,
+                display=lambda r: answer.display_name(r, autos),
+            ),
+            tables.results_legend(
+                args.mode,
+                args.timing,
+                bounds=bool(sweep.bounds),
+                auto=any(answer.ran(r, autos) for r in sweep.results),
+            ),
         ]
         if any(r.tiers is not None for r in sweep.results):
             items += [tables.tiers_table(sweep.results), tables.tiers_legend(sweep.results)]
@@ -182,13 +195,25 @@ def report(args: argparse.Namespace, grid: Grid) -> int:
                 "read from the first policy's replay; actual: its own full replay; error = "
                 "estimated - actual block hit ratio.",
             ]
+        name = args.trace and args.trace.rsplit("/", 1)[-1]
+        source = f"this trace ({name})" if name else "this generated workload"
+        lines = answer.answer_lines(sweep.results, autos, source)
+        items += ["", *lines] if lines else []
         if sweep.partial:
             items.append(f"partial: interrupted, {finished}")
         output.print_rich(*items)
     title = (args.trace and args.trace.rsplit("/", 1)[-1]) or "generated workload"
     if sweep.partial:
         title += f" (partial: {finished})"
-    errors = output.write_outputs(args.output, args.plot, record, sweep, title, args.timing)
+    errors = output.write_outputs(
+        args.output,
+        args.plot,
+        record,
+        sweep,
+        title,
+        args.timing,
+        all_policies=getattr(args, "all_policies", False),
+    )
     for line in errors:
         print(f"kvoffload: error: {line}", file=sys.stderr)
     if sweep.partial:

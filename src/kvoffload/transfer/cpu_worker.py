@@ -11,10 +11,10 @@ How a job runs:
 * The pairs are copied by ``torch._foreach_copy_``: one pass over the bytes, with the GIL
   released. A fused list copy of page-sized views runs on one thread while one big ``copy_``
   uses every intra-op thread, so a large job is cut into that many byte-balanced shares
-  copied in parallel (512-token blocks in random slots: 0.47 -> 0.70-0.75 of the ceiling).
+  copied in parallel (figures in ``docs/benchmarks.md``).
 
 Why not ``index_select`` into a staging tensor plus ``index_copy_``: that moves every byte
-twice and measured 0.16-0.42 of the same-run copy ceiling (docs/data-plane.md).
+twice, far below the same-run copy ceiling (``docs/benchmarks.md``).
 """
 
 from __future__ import annotations

@@ -14,8 +14,8 @@ bytes>.kv``, is refused: never read nor touched, its size reported as ``legacy_a
 cut into slots of ``4 KiB header page + slot_bytes``, then the last slot's 64-byte commit
 stamp. Every record of a tier is one host slot, so all records are the same size: a freed
 slot is reused in place and nothing ever needs compaction (why this is not an append-only
-log), and no file is created per record (a file per record was built and measured first:
-creating an inode cost 3-5 ms on this project's build machine).
+log), and no file is created per record (a file per record was built first: creating an
+inode costs milliseconds, see ``docs/benchmarks.md``).
 
 A write is ordered so that a commit stamp after the payload commits the record, the guarantee
 a temporary name plus rename gives a file (``records`` has the layout): in file order a record
@@ -24,9 +24,9 @@ a run of adjacent records (1) replaces each slot's header, which kills the old r
 writes its payload, (3) writes its stamp. A process killed at any point leaves a slot that is
 empty, holds the old record whole (killed before 1), or holds the new one whole; a torn payload
 under a committed header cannot arise, and the checksums catch it anyway. Format 1 needed one
-more write per record (old header zeroed with the payload, then each header on its own); on
-this project's build machine (ext4) a 4 KiB write cost 7-17 us, a third to a half of a whole
-64 KiB write, and each is also a GIL hand-off for the I/O thread.
+more write per record (old header zeroed with the payload, then each header on its own); a
+small write costs a large share of a whole block's write (``docs/benchmarks.md``), and each is
+also a GIL hand-off for the I/O thread.
 
 Warm decisions: a clean ``close`` saves the eviction policy's state (order, frequencies,
 ghosts; ``kvoffload.policies.state``, no pickle) beside the arena as ``policy-<slot
@@ -723,9 +723,9 @@ class DiskTier(Tier):
         system call, which small blocks cannot amortise. Puts use
         :data:`_MIN_PUT_TASK_BYTES` (writes into one file serialise in the kernel anyway);
         gets use the smaller :data:`_MIN_GET_TASK_BYTES` (reads of the page cache do run in
-        parallel, and other jobs in flight keep the threads busy): cutting a job of 16
-        blocks of 64 KiB into four 256 KiB reads held loads at 0.37 of a plain read on 2 cores,
-        one 1 MiB read per job reached 0.63 (``benchmarks/disk_tier_bandwidth.py``).
+        parallel, and other jobs in flight keep the threads busy): cutting a job of small
+        blocks into many small reads held loads well below one larger read per job
+        (``benchmarks/disk_tier_bandwidth.py``; figures in ``docs/benchmarks.md``).
         """
         if not items:
             return []

@@ -2,9 +2,9 @@
 
 Why not redis-py's pipeline for records: with hiredis installed, redis-py packs each command
 with ``hiredis.pack_command``, which first copies a memoryview argument to ``bytes`` and then
-copies it again into the packed command (0.2-0.4 GB/s for a 2 MiB argument here, redis-py
-8.1 with hiredis 3.5), and it reads a reply in 64 KiB ``recv_into`` calls fed through
-hiredis's own buffer into a new ``bytes`` object. Here a record's payload is sent from the host
+copies it again into the packed command (``docs/benchmarks.md`` has the rate), and it reads
+a reply in 64 KiB ``recv_into`` calls fed through hiredis's own buffer into a new ``bytes``
+object. Here a record's payload is sent from the host
 slot where it lies, after a small header, and a reply's bulk string is received straight into
 the caller's buffer.
 

@@ -165,7 +165,7 @@ def test_ctrl_c_writes_the_finished_replays_marked_partial(tmp_path: Path, worke
         rows = list(csv.DictReader(f))
     assert [(r["policy"], r["partial"]) for r in rows] == [("lru", "True")] * finished
     plots = sorted(p.name for p in (tmp_path / "plots").iterdir())
-    assert "miss_ratio_curve.png" in plots and "bars_5.png" in plots
+    assert "hit_ratio_curve.png" in plots and "bars_5.png" in plots
 
 
 def test_ctrl_c_before_anything_finished_leaves_no_plot_folder(tmp_path: Path) -> None:
