@@ -93,12 +93,17 @@ _pool: ThreadPoolExecutor | None = None
 
 
 def _copy_serial(dst: list[torch.Tensor], src: list[torch.Tensor]) -> None:
-    foreach_copy = getattr(torch, "_foreach_copy_", None)
-    if foreach_copy is not None:
-        foreach_copy(dst, src)
-        return
-    for d, s in zip(dst, src, strict=True):
-        d.copy_(s)
+    # Inference mode is per thread and this runs on the worker's threads: the engine's KV
+    # tensors or the host buffer may be inference tensors (built under
+    # torch.inference_mode(), as Hugging Face users do), which take in-place writes only
+    # inside it. On normal tensors it changes nothing the copy does.
+    with torch.inference_mode():
+        foreach_copy = getattr(torch, "_foreach_copy_", None)
+        if foreach_copy is not None:
+            foreach_copy(dst, src)
+            return
+        for d, s in zip(dst, src, strict=True):
+            d.copy_(s)
 
 
 def copy_pairs(dst: list[torch.Tensor], src: list[torch.Tensor]) -> None:
