@@ -40,7 +40,8 @@ logger = logging.getLogger(__name__)
 
 
 class TransferError(RuntimeError):
-    """A load's copy failed; the manager was left consistent (pins released)."""
+    """A copy failed (a load, a waited-for store, or background stores failing in a row);
+    the manager was left consistent (pins released, the failed chunks dropped)."""
 
 
 @dataclass(frozen=True)
@@ -86,6 +87,9 @@ class KVOffloader:
         layout: the tensors' layout; default ``KVCacheLayout.from_tensors(kv_caches, kind,
             groups)``.
         kind / groups: passed to ``from_tensors`` when ``layout`` is not given.
+        max_failed_stores: background stores (``wait=False``) failing one after another
+            before the next call raises :class:`TransferError`: a worker that fails every
+            job (a broken device, tensors it cannot write) is an error, not a log line.
         tier_wait_s: with secondary tiers, how long ``lookup`` waits for a prefix's blocks to
             be promoted into the CPU tier (or for a remote tier's answer) before it counts
             what is readable by then.
@@ -108,8 +112,13 @@ class KVOffloader:
         kind: str | Sequence[str] = "kv_first",
         groups: Sequence[int] | None = None,
         tier_wait_s: float = 2.0,
+        max_failed_stores: int = 3,
         **config: Any,
     ) -> None:
+        check_int("max_failed_stores", max_failed_stores, 1)
+        self.max_failed_stores = max_failed_stores
+        self._failed_in_a_row = 0  # background stores failed since the last success
+        self._last_store_error: str | None = None
         if tier_wait_s != math.inf:  # inf: wait for the tiers as long as they take
             check_number("tier_wait_s", tier_wait_s, 0, why=" (seconds) or inf")
         self.tier_wait_s = float(tier_wait_s)
@@ -172,6 +181,7 @@ class KVOffloader:
         """How many leading device blocks are offloaded and readable now (whole chunks)."""
         self._check_open()
         self._reap()
+        self._raise_if_failing()
         keys = self._chunk_keys(block_hashes, group)
         if hasattr(self.manager, "lookup_prefix"):
             hits = self._lookup_tiered(keys, ctx)
@@ -263,14 +273,18 @@ class KVOffloader:
     ) -> int:
         """Offload the blocks not offloaded yet; return how many device blocks are written.
 
-        A trailing partial chunk is skipped. If the tier cannot make room, nothing is stored
-        and 0 is returned; a failed copy also returns 0 (the manager drops its blocks). With
-        ``wait=False`` the copy runs in the background and completes on a later call (or
-        :meth:`flush`); until then its chunks are not lookup hits.
+        A trailing partial chunk is skipped. 0 means nothing new was written: every chunk
+        was offloaded already, or the tier could not make room (counted in
+        ``stats().stores_without_room``). A failed copy raises :class:`TransferError` (the
+        manager drops its chunks; ``stats().failed_stores`` counts it). With ``wait=False``
+        the copy runs in the background and completes on a later call (or :meth:`flush`);
+        until then its chunks are not lookup hits, and a failure is counted and logged, and
+        after ``max_failed_stores`` failures in a row the next call raises.
         """
         self._check_open()
         device_block_ids = self._check_pairs(block_hashes, device_block_ids)
         self._reap()
+        self._raise_if_failing()
         keys = self._chunk_keys(block_hashes, group)
         if not keys:
             return 0
@@ -307,8 +321,10 @@ class KVOffloader:
         if wait:
             self.worker.wait([job_id])
             finished = self._reap()
-            if not finished[job_id].success:
-                return 0
+            result = finished[job_id]
+            if not result.success:
+                self._failed_in_a_row = 0  # raised here: not counted again as a background one
+                raise TransferError(f"store job {job_id} failed: {result.error}")
         return len(blocks)
 
     def flush(self, tier_timeout_s: float = 30.0) -> None:
@@ -316,6 +332,7 @@ class KVOffloader:
         ``tier_timeout_s``) until the tiers' reads and writes are done."""
         self.worker.wait(list(self._stores))
         self._reap()
+        self._raise_if_failing()
         has_work = getattr(self.manager, "has_pending_work", None)
         if has_work is None or not hasattr(self.manager, "step"):
             return
@@ -353,11 +370,13 @@ class KVOffloader:
         """Finish background stores, stop the worker and release the host memory."""
         if self._closed:
             return
-        self.flush()
-        self._closed = True
-        self.worker.shutdown()
-        self.manager.shutdown()  # drains the tiers, which read and write the host buffer
-        self.worker.host.close()
+        try:
+            self.flush()
+        finally:
+            self._closed = True
+            self.worker.shutdown()
+            self.manager.shutdown()  # drains the tiers, which read and write the host buffer
+            self.worker.host.close()
 
     def __enter__(self) -> KVOffloader:
         return self
@@ -380,9 +399,12 @@ class KVOffloader:
                 self._counts["stored_blocks"] += len(keys) * self.blocks_per_chunk
                 self._counts["stored_bytes"] += result.bytes
                 self._seconds[STORE] += result.seconds
+                self._failed_in_a_row = 0
             else:
                 self._counts["failed_stores"] += 1
-                logger.warning("store job %d failed: %s", result.job_id, result.error)
+                self._failed_in_a_row += 1
+                self._last_store_error = f"store job {result.job_id} failed: {result.error}"
+                logger.warning("%s", self._last_store_error)
         step = getattr(self.manager, "step", None)
         if step is not None:
             step()
@@ -418,6 +440,14 @@ class KVOffloader:
     def _check_open(self) -> None:
         if self._closed:
             raise RuntimeError("the KVOffloader is closed")
+
+    def _raise_if_failing(self) -> None:
+        """Raise once ``max_failed_stores`` background stores failed in a row."""
+        if self._failed_in_a_row >= self.max_failed_stores:
+            n, self._failed_in_a_row = self._failed_in_a_row, 0
+            raise TransferError(
+                f"the last {n} stores all failed, the last with: {self._last_store_error}"
+            )
 
 
 __all__ = ["KVOffloader", "OffloaderStats", "TransferError"]
