@@ -36,7 +36,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     m.add_argument(
         "--kind",
-        choices=("kv_first", "blocks_first", "mla"),
+        choices=("kv_first", "blocks_first", "mla", "heads_first"),
         default="kv_first",
         help="tensor layout (default kv_first: [2, blocks, tokens, heads, head_size])",
     )
