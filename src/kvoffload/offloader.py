@@ -17,6 +17,7 @@ for the policy unless the caller brackets several with :meth:`begin_request` /
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import logging
 import math
@@ -30,7 +31,7 @@ import torch
 
 from kvoffload._checks import check_int, check_number
 from kvoffload.context import ReqContext
-from kvoffload.keys import OffloadKey, make_offload_key
+from kvoffload.keys import OffloadKey, hash_token_blocks, make_offload_key, namespace_fingerprint
 from kvoffload.layout import KVCacheLayout
 from kvoffload.manager import LookupResult, OffloadingManager, OffloadingStats
 from kvoffload.spec import OffloadingConfig, OffloadingSpec, OffloadingSpecFactory
@@ -90,6 +91,9 @@ class KVOffloader:
         max_failed_stores: background stores (``wait=False``) failing one after another
             before the next call raises :class:`TransferError`: a worker that fails every
             job (a broken device, tensors it cannot write) is an error, not a log line.
+        namespace: a model's identity (a ``model_id``, or a digest of its config and
+            weights). It is mixed into every key, so the blocks of two models (two fine-tunes
+            of one shape) never meet on any tier, the disk and a shared Redis included.
         tier_wait_s: with secondary tiers, how long ``lookup`` waits for a prefix's blocks to
             be promoted into the CPU tier (or for a remote tier's answer) before it counts
             what is readable by then.
@@ -113,8 +117,20 @@ class KVOffloader:
         groups: Sequence[int] | None = None,
         tier_wait_s: float = 2.0,
         max_failed_stores: int = 3,
+        namespace: str | bytes | None = None,
         **config: Any,
     ) -> None:
+        if namespace is not None and not isinstance(namespace, (str, bytes)):
+            raise TypeError(
+                f"namespace must be a str or bytes (a model id) or None, got "
+                f"{type(namespace).__name__}"
+            )
+        if namespace is not None and not namespace:
+            raise ValueError("namespace must be a non-empty str or bytes (a model id) or None")
+        #: Mixed into every key (so into every tier's records): two models never share one.
+        self._namespace: bytes | None = (
+            None if namespace is None else namespace_fingerprint(namespace=namespace)
+        )
         check_int("max_failed_stores", max_failed_stores, 1)
         self.max_failed_stores = max_failed_stores
         self._failed_in_a_row = 0  # background stores failed since the last success
@@ -176,12 +192,23 @@ class KVOffloader:
 
     # ------------------------------------------------------------------ the API
     def lookup(
-        self, block_hashes: Sequence[bytes], group: int = 0, ctx: ReqContext | None = None
+        self,
+        block_hashes: Sequence[bytes],
+        group: int = 0,
+        ctx: ReqContext | None = None,
+        num_tokens: int | None = None,
     ) -> int:
-        """How many leading device blocks are offloaded and readable now (whole chunks)."""
+        """How many leading device blocks are offloaded and readable now (whole chunks).
+
+        With ``num_tokens`` (the prompt's length) the hit is capped so that at least the
+        prompt's last token is left to compute: an engine needs its logits, so a prompt of
+        exactly ``k`` blocks can hit at most the whole chunks of its first ``k*T - 1`` tokens.
+        """
         self._check_open()
         self._reap()
         self._raise_if_failing()
+        if num_tokens is not None:
+            block_hashes = block_hashes[: self.max_hit_blocks(num_tokens, group)]
         keys = self._chunk_keys(block_hashes, group)
         if hasattr(self.manager, "lookup_prefix"):
             hits = self._lookup_tiered(keys, ctx)
@@ -194,6 +221,17 @@ class KVOffloader:
         self._counts["lookup_blocks"] += len(block_hashes)
         self._counts["hit_blocks"] += hits * self.blocks_per_chunk
         return hits * self.blocks_per_chunk
+
+    def max_hit_blocks(self, num_tokens: int, group: int = 0) -> int:
+        """The most device blocks a prompt of ``num_tokens`` tokens may load: whole chunks of
+        its first ``num_tokens - 1`` tokens (the last token is always computed)."""
+        check_int("num_tokens", num_tokens, 1, why=" (the prompt's length in tokens)")
+        tokens = self.spec.tokens_per_chunk(self._check_group(group))
+        return (num_tokens - 1) // tokens * self.blocks_per_chunk
+
+    def hash_tokens(self, token_ids: Sequence[int], group: int = 0) -> list[bytes]:
+        """Chained hashes of every full device block of ``token_ids`` (for lookup/load/store)."""
+        return hash_token_blocks(token_ids, self.spec.layout.block_size(self._check_group(group)))
 
     def _lookup_tiered(self, keys: list[OffloadKey], ctx: ReqContext | None) -> int:
         """Leading hits through a tiering manager: promote, wait (bounded), count."""
@@ -270,8 +308,13 @@ class KVOffloader:
         group: int = 0,
         ctx: ReqContext | None = None,
         wait: bool = True,
+        first_block: int = 0,
     ) -> int:
         """Offload the blocks not offloaded yet; return how many device blocks are written.
+
+        ``block_hashes[i]`` is block ``first_block + i`` of its sequence; chunks are cut from
+        the sequence's start, so ``first_block`` must be a multiple of ``blocks_per_chunk``
+        (passing the whole sequence is simplest: blocks offloaded already are skipped).
 
         A trailing partial chunk is skipped. 0 means nothing new was written: every chunk
         was offloaded already, or the tier could not make room (counted in
@@ -283,6 +326,13 @@ class KVOffloader:
         """
         self._check_open()
         device_block_ids = self._check_pairs(block_hashes, device_block_ids)
+        check_int("first_block", first_block, 0)
+        if first_block % self.blocks_per_chunk:
+            raise ValueError(
+                f"first_block {first_block} is not on a chunk boundary: a chunk is "
+                f"{self.blocks_per_chunk} device blocks counted from the sequence's start, so "
+                f"store from a multiple of {self.blocks_per_chunk} (or pass the whole sequence)"
+            )
         self._reap()
         self._raise_if_failing()
         keys = self._chunk_keys(block_hashes, group)
@@ -422,7 +472,15 @@ class KVOffloader:
         if isinstance(group, bool) or not isinstance(group, int) or not 0 <= group < num_groups:
             check_int("group", group, 0, num_groups - 1)  # raises; the valid path calls nothing
         last = range(bpc - 1, len(block_hashes), bpc)
-        return [make_offload_key(block_hashes[i], group) for i in last]
+        ns = self._namespace
+        if ns is None:
+            return [make_offload_key(block_hashes[i], group) for i in last]
+        sha = hashlib.sha256
+        return [make_offload_key(sha(ns + bytes(block_hashes[i])).digest(), group) for i in last]
+
+    def _check_group(self, group: int) -> int:
+        num_groups = self.spec.layout.num_groups
+        return check_int("group", group, 0, num_groups - 1)
 
     def _groups(self, group: int, n: int) -> list[int] | None:
         return [group] * n if self.spec.layout.num_groups > 1 else None
