@@ -334,7 +334,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _subprocess_instance(args: argparse.Namespace, cold_path: Path) -> dict[str, Any]:
-    params = {k: v for k, v in vars(args).items() if k != "func"}
+    plain = (str, int, float, bool, list, tuple, type(None))
+    params = {k: v for k, v in vars(args).items() if isinstance(v, plain)}
     code = (
         "import json, sys, argparse; from pathlib import Path; "
         "from kvoffload.integrations.hf_demo import run_instance; "
