@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("transformers")
+pytest.importorskip("transformers", minversion="5")  # 5.x: cache=
 torch = pytest.importorskip("torch")
 
 HERE = Path(__file__).resolve().parent

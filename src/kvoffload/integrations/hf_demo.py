@@ -106,17 +106,31 @@ def _tier_reads(pc: PrefixCache) -> dict[str, int]:
 
 
 def tier_config(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """The ``tiers`` of the demo's options (as the toy engine reads them): disk, then Redis."""
     tiers: list[dict[str, Any]] = []
+    write_policy = getattr(args, "write_policy", "write_through")
     if args.disk:
-        tiers.append({"type": "disk", "path": args.disk, "capacity_bytes": args.disk_bytes})
+        tiers.append(
+            {
+                "type": "disk",
+                "path": args.disk,
+                "capacity_bytes": args.disk_bytes,
+                "policy": getattr(args, "disk_policy", "lru"),
+                "durability": getattr(args, "durability", "rename"),
+                "write_policy": write_policy,
+            }
+        )
     if args.redis:
         tiers.append(
             {
                 "type": "redis",
                 "url": args.redis,
                 "namespace": args.redis_namespace,
+                "prefix": "kvoffload-demo",
+                "ttl_ms": 3600 * 1000,  # the demo's records leave the server within an hour
                 # A key unanswered after this deadline is a miss: generous on a busy host.
                 "lookup_deadline_ms": 5000,
+                "write_policy": write_policy,
             }
         )
     return tiers
