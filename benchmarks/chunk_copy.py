@@ -6,8 +6,9 @@ per layer view. This script times store and load of the same KV bytes (1,024 tok
 6-layer, 2-KV-head, head-size-64 fp32 cache: 6 MiB) with one big block per chunk against
 small blocks grouped into chunks, fresh-cache mapping (chunk ``i`` = blocks
 ``[i*k, (i+1)*k)`` into slot ``i``), and the same small-block jobs through the per-block
-path (chunk merging off) as the before-figure. Medians of ``--reps`` jobs, wall and CPU
-seconds (``time.process_time``: other work on the host does not inflate it).
+path (chunk merging off) as the before-figure. The three jobs alternate, ``--reps`` rounds;
+medians of wall and CPU seconds (``time.process_time``, every thread of the process) and the
+median of the rounds' merged/one-block ratios.
 
     python benchmarks/chunk_copy.py              # ~10 s
     python benchmarks/chunk_copy.py --reps 50 --json
@@ -53,34 +54,60 @@ def _per_block_path() -> Iterator[None]:
         cpu_worker.chunk_starts = original
 
 
-def _time(kind: str, block_tokens: int, bpc: int, reps: int) -> dict[str, float]:
-    caches = _caches(kind, block_tokens)
-    layout = KVCacheLayout.from_tensors(caches, kind)
-    slots = layout.slot_layout(bpc)
-    chunks = TOKENS // block_tokens // bpc
-    host = HostBuffer(slots.slot_bytes, chunks, pin=False)
-    worker = create_transfer_worker(layout, slots, host, caches)
-    blocks = list(range(chunks * bpc))
-    out: dict[str, list[float]] = {
-        k: [] for k in ("store_wall", "store_cpu", "load_wall", "load_cpu")
-    }
-    job = 0
+class _Case:
+    """One worker over its own caches and host slots; ``job(op)`` times one store or load of
+    all 1,024 tokens (fresh-cache mapping: chunk ``i`` = blocks ``[i*k, (i+1)*k)`` -> slot i)."""
+
+    def __init__(self, kind: str, block_tokens: int, bpc: int) -> None:
+        caches = _caches(kind, block_tokens)
+        layout = KVCacheLayout.from_tensors(caches, kind)
+        slots = layout.slot_layout(bpc)
+        self.chunks = TOKENS // block_tokens // bpc
+        host = HostBuffer(slots.slot_bytes, self.chunks, pin=False)
+        self.worker = create_transfer_worker(layout, slots, host, caches)
+        self.blocks = list(range(self.chunks * bpc))
+        self.job_id = 0
+
+    def job(self, op: str) -> tuple[float, float]:
+        self.job_id += 1
+        slots = list(range(self.chunks))
+        wall, cpu = time.perf_counter(), time.process_time()
+        if op == "store":
+            self.worker.submit_store(self.job_id, self.blocks, slots)
+        else:
+            self.worker.submit_load(self.job_id, slots, self.blocks)
+        self.worker.wait([self.job_id])
+        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+        assert all(r.success for r in self.worker.get_finished())
+        return wall, cpu
+
+
+def _compare(kind: str, big: int, small: int, op: str, reps: int) -> dict[str, float]:
+    """Jobs of the three cases alternate, so load on the host hits them alike; each figure is
+    a median over ``reps`` rounds, each ratio the median of the rounds' ratios."""
+    bpc = big // small
+    base, merged, before = _Case(kind, big, 1), _Case(kind, small, bpc), _Case(kind, small, bpc)
+    times: dict[str, list[tuple[float, float]]] = {"base": [], "merged": [], "before": []}
     try:
         for _ in range(reps):
-            for kind_, submit in (("store", worker.submit_store), ("load", None)):
-                job += 1
-                w, c = time.perf_counter(), time.process_time()
-                if submit is not None:
-                    submit(job, blocks, list(range(chunks)))
-                else:
-                    worker.submit_load(job, list(range(chunks)), blocks)
-                worker.wait([job])
-                out[f"{kind_}_wall"].append(time.perf_counter() - w)
-                out[f"{kind_}_cpu"].append(time.process_time() - c)
-                assert all(r.success for r in worker.get_finished())
+            times["base"].append(base.job(op))
+            times["merged"].append(merged.job(op))
+            with _per_block_path():
+                times["before"].append(before.job(op))
     finally:
-        worker.shutdown()
-    return {k: statistics.median(v) * 1e3 for k, v in out.items()}
+        for case in (base, merged, before):
+            case.worker.shutdown()
+    out = {}
+    for name, rows in times.items():
+        out[f"{name}_ms"] = statistics.median(w for w, _ in rows) * 1e3
+        out[f"{name}_cpu_ms"] = statistics.median(c for _, c in rows) * 1e3
+    out["ratio_wall"] = statistics.median(
+        m[0] / b[0] for m, b in zip(times["merged"], times["base"], strict=True)
+    )
+    out["ratio_cpu"] = statistics.median(
+        m[1] / b[1] for m, b in zip(times["merged"], times["base"], strict=True) if b[1] > 0
+    )
+    return out
 
 
 def main() -> None:
@@ -92,24 +119,10 @@ def main() -> None:
     rows = []
     for kind in ("heads_first", "kv_first"):
         for big, small in ((64, 16), (256, 16)):
-            bpc = big // small
-            base = _time(kind, big, 1, args.reps)
-            merged = _time(kind, small, bpc, args.reps)
-            with _per_block_path():
-                before = _time(kind, small, bpc, args.reps)
             for op in ("store", "load"):
+                r = _compare(kind, big, small, op, args.reps)
                 rows.append(
-                    {
-                        "kind": kind,
-                        "op": op,
-                        "case": f"{small}x{bpc} vs {big}x1",
-                        "one_block_ms": base[f"{op}_wall"],
-                        "merged_ms": merged[f"{op}_wall"],
-                        "per_block_ms": before[f"{op}_wall"],
-                        "one_block_cpu_ms": base[f"{op}_cpu"],
-                        "merged_cpu_ms": merged[f"{op}_cpu"],
-                        "per_block_cpu_ms": before[f"{op}_cpu"],
-                    }
+                    {"kind": kind, "op": op, "case": f"{small}x{big // small} vs {big}x1", **r}
                 )
     load = os.getloadavg()[0]
     if args.json:
@@ -117,15 +130,15 @@ def main() -> None:
         return
     print(f"1k tokens, {LAYERS} layers x {HEADS} heads x {HEAD_SIZE} fp32; medians of "
           f"{args.reps}; ms wall (CPU); load average {load:.1f}")  # fmt: skip
-    print("kind         op     case           1 block/chunk   merged chunks   per-block path"
-          "   merged/1-block (CPU)")  # fmt: skip
+    print("kind         op     case            1 block/chunk   merged chunks   per-block path"
+          "   merged/1-block: wall  CPU")  # fmt: skip
     for r in rows:
-        ratio = r["merged_cpu_ms"] / r["one_block_cpu_ms"] if r["one_block_cpu_ms"] else 0.0
         print(
-            f"{r['kind']:<12} {r['op']:<6} {r['case']:<14} "
-            f"{r['one_block_ms']:6.2f} ({r['one_block_cpu_ms']:5.2f})  "
+            f"{r['kind']:<12} {r['op']:<6} {r['case']:<15} "
+            f"{r['base_ms']:6.2f} ({r['base_cpu_ms']:5.2f})  "
             f"{r['merged_ms']:6.2f} ({r['merged_cpu_ms']:5.2f})  "
-            f"{r['per_block_ms']:6.2f} ({r['per_block_cpu_ms']:5.2f})   {ratio:5.2f}"
+            f"{r['before_ms']:6.2f} ({r['before_cpu_ms']:5.2f})   "
+            f"{r['ratio_wall']:5.2f} {r['ratio_cpu']:5.2f}"
         )
 
 

@@ -203,9 +203,12 @@ def main() -> None:
             restore["disk_tier_cpu_s"] * 30 <= restore["prefill_cpu_s"],
         ),
         (
-            "kvoffload's share of warm TTFT (lookup, load, cache) <= 5% (in-process / restart)",
+            "kvoffload's share of warm TTFT wall (lookup, load, cache) <= 5% (in-process / "
+            "restart)",
             f"{100 * cpu_only['kvoffload_share_of_warm_ttft']:.2f}% / "
-            f"{100 * restarted['kvoffload_share_of_warm_ttft']:.2f}%",
+            f"{100 * restarted['kvoffload_share_of_warm_ttft']:.2f}% (CPU seconds "
+            f"{100 * cpu_only['kvoffload_cpu_share_of_warm_ttft']:.2f}% / "
+            f"{100 * restarted['kvoffload_cpu_share_of_warm_ttft']:.2f}%)",
             max(
                 cpu_only["kvoffload_share_of_warm_ttft"],
                 restarted["kvoffload_share_of_warm_ttft"],

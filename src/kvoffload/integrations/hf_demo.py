@@ -229,6 +229,9 @@ def summarize(
     }
     restore = sum(r["restore_wall_s"] for r in warm)
     out["kvoffload_share_of_warm_ttft"] = restore / sum(r["ttft_wall_s"] for r in warm)
+    out["kvoffload_cpu_share_of_warm_ttft"] = sum(r["restore_cpu_s"] for r in warm) / sum(
+        r["ttft_cpu_s"] for r in warm
+    )
     checked = [r["bit_identical"] for r in warm if r["bit_identical"] is not None]
     out["exactness"] = {"checked": len(checked), "bit_identical": sum(checked)}
     stats = pc.offloader.stats()
