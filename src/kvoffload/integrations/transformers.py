@@ -96,7 +96,7 @@ class _BufferLayer(DynamicLayer):
         self._k[:, :, start : start + n].copy_(key_states)
         self._v[:, :, start : start + n].copy_(value_states)
         self._set_length(start + n)
-        return self.keys, self.values
+        return self._k[:, :, : start + n], self._v[:, :, : start + n]
 
     def get_seq_length(self) -> int:
         return self.length
