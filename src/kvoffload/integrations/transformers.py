@@ -130,6 +130,7 @@ class Prefix:
     ctx: ReqContext
     restore_seconds: float  # lookup + load + building the cache, wall
     restore_cpu_seconds: float
+    store_wait_seconds: float = 0.0  # waiting for the last request's background store
 
 
 @dataclass
@@ -142,6 +143,7 @@ class PrefillResult:
     computed_tokens: int
     restore_seconds: float
     restore_cpu_seconds: float
+    store_wait_seconds: float = 0.0
     stored_blocks: int = 0
 
 
@@ -250,7 +252,9 @@ class PrefixCache:
             raise ValueError("input_ids is empty")
         off = self.offloader
         # Background stores of the last request read the buffers this one overwrites.
+        waited = time.perf_counter()
         off.flush(tier_timeout_s=0.0)
+        waited = time.perf_counter() - waited
         wall, cpu = time.perf_counter(), time.process_time()
         hashes = off.hash_tokens(tokens)
         ctx = off.begin_request()
@@ -264,7 +268,9 @@ class PrefixCache:
         cache = BufferCache(self.buffers, hit * self.block_tokens)
         restore = time.perf_counter() - wall
         restore_cpu = time.process_time() - cpu
-        return Prefix(cache, tokens, hit * self.block_tokens, hashes, ctx, restore, restore_cpu)
+        return Prefix(
+            cache, tokens, hit * self.block_tokens, hashes, ctx, restore, restore_cpu, waited
+        )
 
     def finish(self, prefix: Prefix, wait: bool = False) -> int:
         """Offload the prompt's full blocks not stored yet (call after the first token);
@@ -304,6 +310,7 @@ class PrefixCache:
             computed_tokens=len(prefix.token_ids) - prefix.hit_tokens,
             restore_seconds=prefix.restore_seconds,
             restore_cpu_seconds=prefix.restore_cpu_seconds,
+            store_wait_seconds=prefix.store_wait_seconds,
         )
         self._count(prefix)
         if store:
