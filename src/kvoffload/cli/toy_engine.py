@@ -69,6 +69,7 @@ def _kv_caches(args: argparse.Namespace, num_blocks: int) -> list[torch.Tensor]:
         "kv_first": (2, num_blocks, args.block_tokens, args.kv_heads, args.head_size),
         "blocks_first": (num_blocks, 2, args.block_tokens, args.kv_heads, args.head_size),
         "mla": (num_blocks, args.block_tokens, args.kv_heads * args.head_size),
+        "heads_first": (2, args.kv_heads, num_blocks, args.block_tokens, args.head_size),
     }
     device, dtype = _device(args.device), _dtype(args.dtype)
     return [torch.zeros(shapes[args.kind], dtype=dtype, device=device) for _ in range(args.layers)]
