@@ -24,7 +24,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
-from kvoffload._checks import check_bool, check_int
+from kvoffload._checks import check_bool, check_int, redact
 from kvoffload.admission import check_store_threshold
 from kvoffload.keys import namespace_fingerprint
 from kvoffload.layout import KVCacheLayout, slots_for_budget
@@ -71,7 +71,7 @@ def _check_str(name: str, value: Any, optional: bool = False) -> None:
         raise ValueError(f"{name} must be {accepts}, got ''")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class OffloadingConfig:
     """Validated offloading settings; field names are vLLM's extra-config keys.
 
@@ -157,6 +157,14 @@ class OffloadingConfig:
                 "config 'tiers' needs world_size 1: the tiering manager and the transfer "
                 f"worker share one host buffer, got world_size {self.world_size}"
             )
+
+    def __repr__(self) -> str:
+        """Every field, with passwords, secrets and URL credentials as ``***``: configs get
+        logged."""
+        shown = ", ".join(
+            f"{f.name}={redact(f.name, getattr(self, f.name))!r}" for f in fields(self)
+        )
+        return f"{type(self).__name__}({shown})"
 
     @classmethod
     def keys(cls) -> list[str]:

@@ -34,7 +34,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from kvoffload._checks import check_int
+from kvoffload._checks import check_int, redact
 from kvoffload.tiers.base import SlotMemory, Tier
 from kvoffload.tiers.manager import SecondaryTier, check_tier_settings
 from kvoffload.tiers.registry import available_tiers, get_tier_cls
@@ -119,10 +119,11 @@ def _check_type(where: str, value: Any, allowed: tuple[type, ...]) -> None:
         ok = isinstance(value, tuple(t for t in allowed if t is not type(None)))
     if not ok:
         names = " or ".join("None" if t is type(None) else t.__name__ for t in allowed)
-        raise TypeError(f"config '{where}' must be {names}, got {type(value).__name__} {value!r}")
+        given = redact(where, value)
+        raise TypeError(f"config '{where}' must be {names}, got {type(value).__name__} {given!r}")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class TierConfig:
     """One checked ``tiers`` entry: the tier class, its constructor keywords, its manager keys.
 
@@ -143,6 +144,14 @@ class TierConfig:
     @property
     def where(self) -> str:
         return f"tiers[{self.index}]"
+
+    def __repr__(self) -> str:
+        """Passwords, secrets and URL credentials as ``***``: configs get logged."""
+        return (
+            f"TierConfig(type={self.type!r}, cls={self.cls.__module__}.{self.cls.__qualname__}, "
+            f"params={redact('params', dict(self.params))!r}, "
+            f"manager={redact('manager', dict(self.manager))!r}, index={self.index})"
+        )
 
     def build(self, memory: SlotMemory, **defaults: Any) -> SecondaryTier:
         """The tier over ``memory`` wrapped for the manager; ``defaults`` fill unset params
