@@ -206,11 +206,11 @@ def test_prefix_promotion_is_one_job_per_tier_and_stops_at_the_first_gap() -> No
     )
     seed(t0, memory, [key(0), key(2)], slot=0)
     seed(t1, memory, [key(1), key(4)], slot=0)
-    gets = (t0.stats()["gets"], t1.stats()["gets"])
+    gets = (t0.stats()["get_jobs"], t1.stats()["get_jobs"])
     ctx = ReqContext(req_id="a")
     keys = [key(i) for i in range(5)]
     assert manager.lookup_prefix(keys, ctx) == [PENDING, PENDING, PENDING, MISS, MISS]
-    assert (t0.stats()["gets"], t1.stats()["gets"]) == (gets[0] + 1, gets[1] + 1)
+    assert (t0.stats()["get_jobs"], t1.stats()["get_jobs"]) == (gets[0] + 1, gets[1] + 1)
     assert manager.cpu_slot(key(4)) is None  # after the gap: not promoted
     manager.step()
     assert manager.lookup_prefix(keys, ctx)[:3] == [HIT, HIT, HIT]
@@ -220,10 +220,10 @@ def test_prefix_promotion_is_one_job_per_tier_and_stops_at_the_first_gap() -> No
 def test_single_key_lookups_batch_their_promotions_until_the_pass_ends() -> None:
     manager, memory, (tier,) = build(cpu_blocks=8, specs=[{"write_policy": "none"}])
     seed(tier, memory, [key(0), key(1), key(2)], slot=0)
-    before = tier.stats()["gets"]
+    before = tier.stats()["get_jobs"]
     ctx = ReqContext(req_id="a")
     assert [manager.lookup(key(i), ctx) for i in range(4)] == [PENDING, PENDING, PENDING, MISS]
-    assert tier.stats()["gets"] == before + 1  # one job for the three
+    assert tier.stats()["get_jobs"] == before + 1  # one job for the three
     manager.step()
     assert [manager.lookup(key(i), ctx) for i in range(3)] == [HIT] * 3
 
@@ -245,11 +245,11 @@ def test_a_failed_read_is_a_miss_and_is_not_promoted_again() -> None:
     ctx = ReqContext(req_id="a")
     assert manager.lookup_prefix([key(0)], ctx) == [PENDING]
     manager.step()
-    gets = tier.stats()["gets"]
+    gets = tier.stats()["get_jobs"]
     for _ in range(5):
         assert manager.lookup_prefix([key(0)], ctx) == [MISS]
         manager.step()
-    assert tier.stats()["gets"] == gets  # no retry loop
+    assert tier.stats()["get_jobs"] == gets  # no retry loop
     stats = manager.get_stats()
     assert stats.stored_blocks == 0  # the slot was freed
     assert stats.tiers["t0"]["promotion_failures"] == 1

@@ -63,9 +63,11 @@ from kvoffload.tiers.base import (
     TierCapabilities,
     TierHealth,
     TierResult,
+    TierStats,
     check_seconds,
 )
 from kvoffload.tiers.redis.records import RecordCodec, RecordError
+from kvoffload.tiers.runtime import CANCELLED, Job, TierRuntime
 
 logger = logging.getLogger(__name__)
 
@@ -264,13 +266,10 @@ class RedisTier(Tier):
         self._check_server()
         self._direct, self._direct_args = self._direct_pool()
 
-        self._lock = threading.Lock()
+        self._runtime = TierRuntime(workers, "kvoffload-redis")
+        self._lock = self._runtime.lock
         self._local = threading.local()
-        self._pool = cf.ThreadPoolExecutor(workers, thread_name_prefix="kvoffload-redis")
         self._lookup_pool = cf.ThreadPoolExecutor(1, thread_name_prefix="kvoffload-redis-lookup")
-        self._futures: dict[cf.Future[None], tuple[int, JobKind, list[OffloadKey], int]] = {}
-        self._done: collections.deque[TierResult] = collections.deque()
-        self._next_job = 0
         self._inflight_bytes = 0
         self._verdicts: collections.OrderedDict[bytes, tuple[Presence, float]] = (
             collections.OrderedDict()
@@ -279,7 +278,6 @@ class RedisTier(Tier):
         self._down_until: dict[str | None, float] = {}  # server (None) or cluster node
         self._backoff: dict[str | None, float] = {}
         self._last_error = ""
-        self._closed = False
         self._stats: collections.Counter[str] = collections.Counter()
 
     # -- connection -------------------------------------------------------------------------
@@ -435,7 +433,8 @@ class RedisTier(Tier):
         return self._caps
 
     def contains(self, keys: Sequence[OffloadKey]) -> list[Presence]:
-        self._check_open()
+        if self._runtime.closed:  # nothing is served after close
+            return [Presence.MISS] * len(keys)
         now = time.monotonic()
         out: list[Presence] = []
         to_check: list[bytes] = []
@@ -467,6 +466,10 @@ class RedisTier(Tier):
                         if out[i] is Presence.UNKNOWN:
                             cached = self._verdicts.get(key)
                             out[i] = cached[0] if cached and cached[1] > now else Presence.MISS
+        hits = out.count(Presence.HIT)
+        if hits:
+            with self._lock:
+                self._stats["lookup_hits"] += hits
         return out
 
     def _run_lookup(self, keys: list[bytes]) -> None:
@@ -586,16 +589,6 @@ class RedisTier(Tier):
         while len(self._verdicts) > self.verdict_cache_entries:
             self._verdicts.popitem(last=False)
 
-    def _new_job(self) -> int:
-        self._check_open()
-        with self._lock:
-            self._next_job += 1
-            return self._next_job
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise RuntimeError("the redis tier is closed")
-
     @staticmethod
     def _check_batch(keys: Sequence[OffloadKey], slots: Sequence[int]) -> None:
         if isinstance(keys, (bytes, str)) or isinstance(slots, (bytes, str)):
@@ -603,75 +596,72 @@ class RedisTier(Tier):
         if len(keys) != len(slots):
             raise ValueError(f"{len(keys)} keys but {len(slots)} slots")
 
-    def _launch(
-        self,
-        job: Callable[[], TierResult],
-        meta: tuple[int, JobKind, list[OffloadKey], int],
-        reserved: int = 0,
-    ) -> None:
-        def run() -> None:
-            try:
-                result = job()
-            finally:
+    def _open(self, kind: JobKind, keys: list[OffloadKey], generation: int) -> tuple[Job, bool]:
+        """A new job and whether it may run: on a closed tier it is already reported, each
+        key ``"closed"`` (the one closed-tier rule of ``runtime``)."""
+        with self._lock:
+            self._stats[f"{kind.value}_jobs"] += 1
+            if kind is not JobKind.DELETE:  # "deletes" counts records deleted
+                self._stats[f"{kind.value}s"] += len(keys)
+            job = self._runtime.open_job(kind, keys, generation)
+            if not self._runtime.closed:
+                return job, True
+            self._stats["failed_closed"] += len(keys)
+            self._runtime.finish(job)
+            return job, False
+
+    def _fail(self, job: Job, reason: str) -> int:
+        """Report ``job`` at once, every key failed with ``reason``."""
+        with self._lock:
+            self._stats[f"failed_{reason}"] += len(job.keys)
+            job.fail_all(reason)
+            return self._runtime.finish(job)
+
+    def _launch(self, job: Job, run: Callable[[], TierResult], reserved: int = 0) -> int:
+        """Run ``run`` on a worker as the job's one task; its result's verdicts are the job's."""
+
+        def task() -> None:
+            result: TierResult | None = None
+            if not self._runtime.closed:
+                try:
+                    result = run()
+                except Exception:  # a bug in a job: never lose the job, but show the bug
+                    logger.exception("redis tier job %d raised", job.job_id)
+            with self._lock:
                 if reserved:
-                    with self._lock:
-                        self._inflight_bytes -= reserved
-            self._done.append(result)
+                    self._inflight_bytes -= reserved
+                if result is not None:
+                    job.ok[:] = result.ok
+                    job.reasons.update(result.reasons)
+                    job.nbytes = result.nbytes
+                else:
+                    reason = CANCELLED if self._runtime.closed else "io_error"
+                    self._stats[f"failed_{reason}"] += len(job.keys)
+                    job.fail_all(reason)
+                self._runtime.finish(job, 1)
 
-        future = self._pool.submit(run)
-        with self._lock:
-            self._futures[future] = meta
-        future.add_done_callback(self._forget)
-
-    def _forget(self, future: cf.Future[None]) -> None:
-        with self._lock:
-            meta = self._futures.pop(future, None)
-        if future.cancelled():  # closed before it ran: still reported, once, as failed
-            if meta is not None:
-                job_id, kind, keys, generation = meta
-                self._done.append(self._failed(job_id, kind, keys, generation, "cancelled"))
-            return
-        exc = future.exception()
-        if exc is not None:  # a bug in a job: never lose the job, but show the bug
-            logger.error("redis tier job raised", exc_info=exc)
-
-    def _failed(
-        self, job_id: int, kind: JobKind, keys: Sequence[OffloadKey], generation: int, reason: str
-    ) -> TierResult:
-        self._stats[f"failed_{reason}"] += len(keys)
-        return TierResult(
-            job_id=job_id,
-            kind=kind,
-            keys=tuple(keys),
-            ok=(False,) * len(keys),
-            generation=generation,
-            reasons=dict.fromkeys(range(len(keys)), reason),
-        )
+        self._runtime.spawn(job, task)
+        return job.job_id
 
     def submit_put(
         self, keys: Sequence[OffloadKey], slots: Sequence[int], generation: int = 0
     ) -> int:
         self._check_batch(keys, slots)
-        job_id = self._new_job()
         keys, slots = list(keys), list(slots)
+        job, runs = self._open(JobKind.PUT, keys, generation)
+        if not runs:
+            return job.job_id
         nbytes = len(keys) * self.memory.slot_bytes
         with self._lock:
-            self._stats["put_jobs"] += 1
             over = self._inflight_bytes + nbytes > self.max_inflight_bytes and self._inflight_bytes
             unavailable = not self._is_cluster and not self._available()
             if not over and not unavailable:
                 self._inflight_bytes += nbytes
         if unavailable:
-            self._done.append(self._failed(job_id, JobKind.PUT, keys, generation, "unavailable"))
-        elif over:
-            self._done.append(self._failed(job_id, JobKind.PUT, keys, generation, "backpressure"))
-        else:
-            self._launch(
-                lambda: self._run_put(job_id, keys, slots, generation),
-                (job_id, JobKind.PUT, keys, generation),
-                nbytes,
-            )
-        return job_id
+            return self._fail(job, "unavailable")
+        if over:
+            return self._fail(job, "backpressure")
+        return self._launch(job, lambda: self._run_put(job.job_id, keys, slots, generation), nbytes)
 
     def submit_get(
         self, keys: Sequence[OffloadKey], slots: Sequence[int], generation: int = 0
@@ -680,32 +670,24 @@ class RedisTier(Tier):
         for slot in slots:
             if not 0 <= slot < self.memory.num_slots:
                 raise ValueError(f"slot {slot} out of range [0, {self.memory.num_slots})")
-        job_id = self._new_job()
         keys, slots = list(keys), list(slots)
-        with self._lock:
-            self._stats["get_jobs"] += 1
+        job, runs = self._open(JobKind.GET, keys, generation)
+        if not runs:
+            return job.job_id
         if not self._is_cluster and not self._available():
-            self._done.append(self._failed(job_id, JobKind.GET, keys, generation, "unavailable"))
-        else:
-            self._launch(
-                lambda: self._run_get(job_id, keys, slots, generation),
-                (job_id, JobKind.GET, keys, generation),
-            )
-        return job_id
+            return self._fail(job, "unavailable")
+        return self._launch(job, lambda: self._run_get(job.job_id, keys, slots, generation))
 
     def submit_delete(self, keys: Sequence[OffloadKey], generation: int = 0) -> int:
         if isinstance(keys, (bytes, str)):
             raise TypeError("keys must be a sequence (a single key is [key])")
-        job_id = self._new_job()
         keys = list(keys)
+        job, runs = self._open(JobKind.DELETE, keys, generation)
+        if not runs:
+            return job.job_id
         if not self._available():
-            self._done.append(self._failed(job_id, JobKind.DELETE, keys, generation, "unavailable"))
-        else:
-            self._launch(
-                lambda: self._run_delete(job_id, keys, generation),
-                (job_id, JobKind.DELETE, keys, generation),
-            )
-        return job_id
+            return self._fail(job, "unavailable")
+        return self._launch(job, lambda: self._run_delete(job.job_id, keys, generation))
 
     def _pieces(self, count: int, per_item: int) -> Iterator[range]:
         step = max(1, self.max_pipeline_bytes // max(per_item, 1))
@@ -757,7 +739,7 @@ class RedisTier(Tier):
                     if answer:
                         ok[i] = True
                         written += self.memory.slot_bytes
-                        self._stats["records_written"] += 1
+                        self._stats["stored"] += 1
                         self._remember(keys[i], Presence.HIT, now)
                     elif keys[i] in unreadable:  # NX found a name we cannot read back
                         reasons[i] = unreadable[keys[i]]
@@ -1017,7 +999,9 @@ class RedisTier(Tier):
                     reasons[i] = _reason_of(answer)
                     continue
                 ok[i] = bool(answer)
-                if not answer:
+                if answer:
+                    self._stats["deletes"] += 1
+                else:
                     reasons[i] = "missing"
                 self._remember(keys[i], Presence.MISS, now)
         return self._result(job_id, JobKind.DELETE, keys, ok, generation, 0, started, reasons)
@@ -1035,8 +1019,8 @@ class RedisTier(Tier):
     ) -> TierResult:
         seconds = time.perf_counter() - started
         with self._lock:
-            self._stats[f"{kind.value}_bytes"] += nbytes
-            self._stats[f"{kind.value}_seconds"] += seconds  # type: ignore[assignment]
+            self._stats[_BYTES[kind]] += nbytes
+            self._stats[_SECONDS[kind]] += seconds  # type: ignore[assignment]
             for reason in reasons.values():
                 self._stats[f"{kind.value}_failed_{reason}"] += 1
         return TierResult(
@@ -1051,23 +1035,13 @@ class RedisTier(Tier):
         )
 
     def poll(self) -> list[TierResult]:
-        out: list[TierResult] = []
-        while True:
-            try:
-                out.append(self._done.popleft())
-            except IndexError:
-                return out
+        return self._runtime.poll()
 
     def drain(self, timeout: float) -> bool:
-        with self._lock:
-            pending = list(self._futures)
-        if not pending:
-            return True
-        _done, not_done = cf.wait(pending, timeout=max(0.0, timeout))
-        return not not_done
+        return self._runtime.drain(timeout)
 
     def health(self) -> TierHealth:
-        if self._closed:
+        if self._runtime.closed:
             return TierHealth(False, "closed")
         down = [n for n, until in self._down_until.items() if until > time.monotonic()]
         if None in down:
@@ -1076,16 +1050,27 @@ class RedisTier(Tier):
             return TierHealth(True, f"{len(down)} cluster node(s) backing off: {self._last_error}")
         return TierHealth(True)
 
-    def stats(self) -> dict[str, float]:
+    def tier_stats(self) -> TierStats:
+        """The common figures (no budget, records or evictions of its own: the server keeps
+        those); in ``extra`` the server's side: back-off, verdict cache, records found
+        existing, rejected by reason (``rejected_<reason>``) and failed keys by reason."""
         with self._lock:
-            out = {k: float(v) for k, v in self._stats.items()}
-            out["inflight_bytes"] = float(self._inflight_bytes)
-            out["inflight_jobs"] = float(len(self._futures))
-            out["verdict_cache_entries"] = float(len(self._verdicts))
-            out["available"] = 1.0 if self._available() else 0.0
+            counts = {k: float(v) for k, v in self._stats.items()}
+            extra = {k: v for k, v in counts.items() if k not in _COMMON}
+            extra["inflight_bytes"] = float(self._inflight_bytes)
+            extra["verdict_cache_entries"] = float(len(self._verdicts))
+            extra["available"] = 1.0 if self._available() else 0.0
             now = time.monotonic()
-            out["nodes_backing_off"] = float(sum(u > now for u in self._down_until.values()))
-        return out
+            extra["nodes_backing_off"] = float(sum(u > now for u in self._down_until.values()))
+            failed = sum(v for k, v in counts.items() if "failed_" in k)
+            bad = sum(v for k, v in counts.items() if k.startswith("rejected_"))
+            return TierStats(
+                **{k: v for k, v in counts.items() if k in _COMMON},
+                failed_keys=failed,
+                bad_records=bad,
+                jobs_in_flight=float(self._runtime.jobs_in_flight),
+                extra=extra,
+            )
 
     def scan(self) -> Iterator[ScannedBlock]:
         """Records of this prefix and namespace on the server (``SCAN``; sizes by ``STRLEN``)."""
@@ -1106,13 +1091,20 @@ class RedisTier(Tier):
                 yield ScannedBlock(OffloadKey(key), int(size), 0.0)
 
     def close(self) -> None:
-        if self._closed:
+        if not self._runtime.close():
             return
-        self._closed = True
-        self._pool.shutdown(wait=True, cancel_futures=True)
         self._lookup_pool.shutdown(wait=True, cancel_futures=True)
         with contextlib.suppress(RedisError):  # closing a dead connection
             self._client.close()
+
+
+_COMMON = frozenset(TierStats.names())
+_BYTES = {JobKind.PUT: "bytes_written", JobKind.GET: "bytes_read", JobKind.DELETE: "delete_bytes"}
+_SECONDS = {
+    JobKind.PUT: "write_seconds",
+    JobKind.GET: "read_seconds",
+    JobKind.DELETE: "delete_seconds",
+}
 
 
 def _set_absent(
