@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import math
 import threading
 import time
 from collections import deque
@@ -202,4 +203,54 @@ class TierRuntime:
         return True
 
 
-__all__ = ["CANCELLED", "CLOSED", "Job", "TierRuntime"]
+def check_batch(
+    keys: Sequence[OffloadKey], slots: Sequence[int], num_slots: int
+) -> tuple[tuple[OffloadKey, ...], tuple[int, ...]]:
+    """``keys`` and ``slots`` as tuples, paired one to one, every slot an int in range."""
+    keys_t, slots_t = tuple(keys), tuple(slots)
+    if len(keys_t) != len(slots_t):
+        raise ValueError(f"keys and slots must pair up, got {len(keys_t)} and {len(slots_t)}")
+    for slot in slots_t:
+        if isinstance(slot, bool) or not isinstance(slot, int):
+            raise TypeError(f"slots must be ints, got {type(slot).__name__}")
+        if not 0 <= slot < num_slots:
+            raise ValueError(f"slot must be in [0, {num_slots}), got {slot}")
+    return keys_t, slots_t
+
+
+class FailureLog:
+    """Failed keys counted by reason, with a rate-limited warning for the reasons that are
+    not the caller's or the job's own business (those in ``quiet``; ``None``: all)."""
+
+    def __init__(self, quiet: frozenset[str] | None = None, interval_s: float = math.inf) -> None:
+        self.counts: dict[str, int] = {}
+        self._quiet = quiet
+        self._interval_s = interval_s
+        self._unwarned: dict[str, int] = {}  # since the last warning, by reason
+        self._warned_at = -math.inf
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+    def by_reason(self, prefix: str) -> dict[str, float]:
+        """The counts as stats entries, ``<prefix><reason>``."""
+        return {prefix + reason: float(n) for reason, n in self.counts.items()}
+
+    def add(self, reason: str) -> str | None:
+        """Count one failure; when a warning is due, the counts since the last one as text
+        (``"no_space 3, io_error 1"``), else ``None``."""
+        self.counts[reason] = self.counts.get(reason, 0) + 1
+        if self._quiet is None or reason in self._quiet:
+            return None
+        self._unwarned[reason] = self._unwarned.get(reason, 0) + 1
+        now = time.monotonic()
+        if now - self._warned_at < self._interval_s:
+            return None
+        self._warned_at = now
+        text = ", ".join(f"{why} {n}" for why, n in sorted(self._unwarned.items()))
+        self._unwarned.clear()
+        return text
+
+
+__all__ = ["CANCELLED", "CLOSED", "FailureLog", "Job", "TierRuntime", "check_batch"]

@@ -38,6 +38,7 @@ from kvoffload.tiers.disk.records import (
 )
 
 ZERO_FIELDS = memoryview(bytes(HEADER_BYTES - STAMP_BYTES))  # a header page after its stamp
+MAX_RUN = 256  # records per vectored call (two buffers each, under IOV_MAX = 1024)
 
 
 class RunItem:
@@ -55,6 +56,33 @@ class RunItem:
         self.slot = slot
         self.entry = entry
         self.arena = entry.slot
+
+
+def chunk_runs(
+    items: list[RunItem], threads: int, min_bytes: int, record_bytes: int
+) -> list[list[RunItem]]:
+    """A job's keys as tasks: runs of adjacent arena slots, split across the threads.
+
+    Adjacent slots go to the file in one vectored call. A job is cut into at most about
+    ``threads`` tasks so one large batch still uses every thread, but no task is cut below
+    ``min_bytes``: each task costs a thread hand-off, a lock round and its own system call,
+    which small blocks cannot amortise (``docs/benchmarks.md`` has the measurements).
+    """
+    if not items:
+        return []
+    if any(a.arena >= b.arena for a, b in itertools.pairwise(items)):
+        items = sorted(items, key=lambda it: it.arena)
+    per_task = max(-(-len(items) // threads), -(-min_bytes // record_bytes))
+    per_task = min(MAX_RUN, per_task)
+    chunks: list[list[RunItem]] = [[items[0]]]
+    last = chunks[0]
+    for item in items[1:]:
+        if item.arena == last[-1].arena + 1 and len(last) < per_task:
+            last.append(item)
+        else:
+            last = [item]
+            chunks.append(last)
+    return chunks
 
 
 @dataclass
@@ -339,4 +367,4 @@ class Arena:
         return buf
 
 
-__all__ = ["ZERO_FIELDS", "Arena", "RunItem", "ScanReport"]
+__all__ = ["MAX_RUN", "ZERO_FIELDS", "Arena", "RunItem", "ScanReport", "chunk_runs"]

@@ -15,35 +15,20 @@ cut into slots of ``4 KiB header page + slot_bytes``, then the last slot's 64-by
 stamp. Every record of a tier is one host slot, so all records are the same size: a freed
 slot is reused in place and nothing ever needs compaction (why this is not an append-only
 log), and no file is created per record (a file per record was built and measured first:
-creating an inode cost 3-5 ms on this project's build machine).
+creating an inode cost far more than writing a record).
 
 A write is ordered so that a commit stamp after the payload commits the record, the guarantee
 a temporary name plus rename gives a file: ``arena`` holds that order and every read and write
 of the file; this module keeps the index, the budget and the jobs (on ``runtime``).
 
-Warm decisions: a clean ``close`` saves the eviction policy's state (order, frequencies,
-ghosts; ``kvoffload.policies.state``, no pickle) beside the arena as ``policy-<slot
-bytes>.v2.json``. The next start reads it after the scan, reconciles it with the records it
-found and consumes it, so a restarted host evicts what the running one would have, not
-oldest-written first. A state of another policy or budget, or one that does not decode, is
-ignored and counted (``policy_state_ignored``); after a crash there is none and the scan's
-oldest-first seeding stands.
-
-One writer per arena: a tier takes an exclusive ``flock`` on ``arena-<slot bytes>.v2.lock``
-beside its arena when it opens and drops it at ``close`` (the kernel drops it when the process
-dies, so a crash never leaves the arena locked). Two tiers on one arena would hand out the
-same slots and then erase each other's records as torn or corrupt, losing everything with the
-disk blamed, so a second opener, in this process or another, is refused with
-:class:`DiskTierInUseError` naming the path and the holder's pid.
+Warm decisions and one writer per arena: ``files`` (the policy state saved at a clean close,
+the arena's lock).
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
-import hashlib
-import itertools
 import logging
 import math
 import os
@@ -53,7 +38,6 @@ from collections.abc import Iterator, Mapping, Sequence
 from kvoffload._checks import check_bool, check_int
 from kvoffload.keys import OffloadKey
 from kvoffload.policies import create_cache_policy
-from kvoffload.policies.state import export_policy_state, restore_policy_state
 from kvoffload.tiers.base import (
     JobKind,
     Medium,
@@ -66,18 +50,31 @@ from kvoffload.tiers.base import (
     TierResult,
     TierStats,
 )
-from kvoffload.tiers.disk.arena import Arena, RunItem
+from kvoffload.tiers.disk.arena import Arena, RunItem, chunk_runs
+from kvoffload.tiers.disk.files import (
+    ArenaPaths,
+    DiskTierInUseError,
+    load_policy_state,
+    lock_arena,
+    namespace_digest,
+    save_policy_state,
+)
 from kvoffload.tiers.disk.index import DiskIndex
 from kvoffload.tiers.disk.io import FileLayer
 from kvoffload.tiers.disk.records import (
-    FORMAT_VERSION,
     HEADER_BYTES,
     MAX_KEY_BYTES,
-    NAMESPACE_BYTES,
     checksum_function,
     resolve_checksum,
 )
-from kvoffload.tiers.runtime import CANCELLED, CLOSED, Job, TierRuntime
+from kvoffload.tiers.runtime import (
+    CANCELLED,
+    CLOSED,
+    FailureLog,
+    Job,
+    TierRuntime,
+    check_batch,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -87,53 +84,11 @@ _FREE_SPACE_REFRESH_S = 0.25
 DROP_WARNING_INTERVAL_S = 60.0
 #: Drop reasons that are the caller's or the job's own business, never worth a warning.
 _QUIET_DROPS = frozenset({"in_flight", "duplicate", CANCELLED, CLOSED})
-_MAX_RUN = 256  # records per vectored call (two buffers each, under IOV_MAX = 1024)
-_MIN_PUT_TASK_BYTES = 4 << 20  # a put job is not split into tasks smaller than this
-_MIN_GET_TASK_BYTES = 1 << 20  # nor a get job below this (jobs in flight keep threads busy)
-
-
-class DiskTierInUseError(ValueError):
-    """Another tier (this process or another) holds the arena this one would open."""
-
-
-def _lock_arena(path: str) -> int:
-    """Open ``path`` and take its exclusive lock, writing our pid in it; the lock's fd.
-
-    Raises :class:`DiskTierInUseError` naming the holder when another open file holds it.
-    """
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as exc:
-        try:
-            holder = os.pread(fd, 64, 0).decode("ascii", "replace").strip() or "unknown"
-        except OSError:
-            holder = "unknown"
-        os.close(fd)
-        if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-            raise
-        raise DiskTierInUseError(
-            f"disk tier path {os.path.dirname(path)} is in use by pid {holder} (lock {path}): "
-            "one writer per directory; give each process its own path or namespace, or "
-            "close the other tier first"
-        ) from None
-    try:
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-    except OSError:  # the pid only names the holder in a refusal; the lock is what counts
-        pass
-    return fd
-
-
-def namespace_digest(namespace: bytes | str) -> bytes:
-    """The 32 bytes a record carries: a ``namespace_fingerprint`` as is, anything else hashed."""
-    if isinstance(namespace, str):
-        namespace = namespace.encode()
-    if not isinstance(namespace, (bytes, bytearray)):
-        raise TypeError(f"namespace must be bytes or str, got {type(namespace).__name__}")
-    if len(namespace) == NAMESPACE_BYTES:
-        return bytes(namespace)
-    return hashlib.sha256(b"kvoffload-disk-ns\x00" + bytes(namespace)).digest()
+# a put job is not split into tasks smaller than this (writes into one file serialise in
+# the kernel anyway), nor a get job below the smaller size (reads of the page cache do run
+# in parallel, and other jobs in flight keep the threads busy)
+_MIN_PUT_TASK_BYTES = 4 << 20
+_MIN_GET_TASK_BYTES = 1 << 20
 
 
 class DiskTier(Tier):
@@ -211,20 +166,9 @@ class DiskTier(Tier):
         self.namespace = namespace_digest(namespace)
         self.root = os.fspath(path)
         self.directory = os.path.join(self.root, self.namespace.hex()[:32])
-        # the slot size is part of the name: a tier of another block size is another arena
-        self.arena_path = os.path.join(
-            self.directory, f"arena-{memory.slot_bytes}.v{FORMAT_VERSION}.kv"
-        )
-        # format 1 arenas (no version in the name) are refused: neither read nor touched
-        self.legacy_arena_path = os.path.join(self.directory, f"arena-{memory.slot_bytes}.kv")
-        # the policy's state at the last clean close (order, frequencies, ghosts)
-        self.policy_state_path = os.path.join(
-            self.directory, f"policy-{memory.slot_bytes}.v{FORMAT_VERSION}.json"
-        )
-        # one writer per arena: held from before the scan until close
-        self.lock_path = os.path.join(
-            self.directory, f"arena-{memory.slot_bytes}.v{FORMAT_VERSION}.lock"
-        )
+        paths = ArenaPaths.of(self.directory, memory.slot_bytes)
+        self.arena_path, self.legacy_arena_path = paths.arena, paths.legacy
+        self.policy_state_path, self.lock_path = paths.policy_state, paths.lock
         max_slots = self.capacity_bytes // self.record_bytes
         policy_obj = create_cache_policy(
             policy, max_slots, module_path=policy_module_path, params=dict(policy_params or {})
@@ -261,13 +205,11 @@ class DiskTier(Tier):
             ),
             0.0,
         )
-        self._drops: dict[str, int] = {}
-        self._unwarned: dict[str, int] = {}  # drops since the last warning, by reason
-        self._warned_at = -math.inf
-        self._get_failures: dict[str, int] = {}
+        self._drops = FailureLog(_QUIET_DROPS, DROP_WARNING_INTERVAL_S)
+        self._get_failures = FailureLog()  # counted, never worth a warning
         self._health = TierHealth(ok=True)
         self.files.makedirs(self.directory)
-        self._lock_fd = _lock_arena(self.lock_path)
+        self._lock_fd = lock_arena(self.lock_path)
         try:
             created = not os.path.exists(self.arena_path)
             with contextlib.suppress(OSError):
@@ -324,7 +266,7 @@ class DiskTier(Tier):
     def submit_put(
         self, keys: Sequence[OffloadKey], slots: Sequence[int], generation: int = 0
     ) -> int:
-        keys_t, slots_t = self._check_batch(keys, slots)
+        keys_t, slots_t = check_batch(keys, slots, self.memory.num_slots)
         runtime = self._runtime
         with self._lock:
             job = runtime.open_job(JobKind.PUT, keys_t, generation)
@@ -370,14 +312,14 @@ class DiskTier(Tier):
                     continue
                 tasks.append(RunItem(i, key, slot, entry))
             self._stats["evictions"] += evictions
-            for chunk in self._chunks(tasks, _MIN_PUT_TASK_BYTES):
+            for chunk in chunk_runs(tasks, self._threads, _MIN_PUT_TASK_BYTES, self.record_bytes):
                 runtime.spawn(job, self._run_put, job, chunk, written)
             return runtime.finish(job)
 
     def submit_get(
         self, keys: Sequence[OffloadKey], slots: Sequence[int], generation: int = 0
     ) -> int:
-        keys_t, slots_t = self._check_batch(keys, slots)
+        keys_t, slots_t = check_batch(keys, slots, self.memory.num_slots)
         runtime = self._runtime
         with self._lock:
             job = runtime.open_job(JobKind.GET, keys_t, generation)
@@ -395,7 +337,7 @@ class DiskTier(Tier):
                 tasks.append(RunItem(i, key, slot, entry))
             if hit_keys:
                 self._index.policy.touch(reversed(hit_keys))
-            for chunk in self._chunks(tasks, _MIN_GET_TASK_BYTES):
+            for chunk in chunk_runs(tasks, self._threads, _MIN_GET_TASK_BYTES, self.record_bytes):
                 runtime.spawn(job, self._run_get, job, chunk)
             return runtime.finish(job)
 
@@ -435,9 +377,6 @@ class DiskTier(Tier):
                 return TierHealth(ok=False, reason="no slot fits above min_free_bytes")
             return self._health
 
-    def stats(self) -> dict[str, float]:
-        return self.tier_stats().as_dict()
-
     def tier_stats(self) -> TierStats:
         """The common figures, and in ``extra`` the arena's own: records found bad
         (``corrupt_records``, ``torn_records``), the restart scan, the free-space limit, and
@@ -448,13 +387,11 @@ class DiskTier(Tier):
             extra["reserved_bytes"] = float(self._index.reserved_bytes)
             extra["effective_capacity_bytes"] = float(self._limit)
             extra["arena_slots"] = float(self._index.high_water)
-            for reason, n in self._drops.items():
-                extra[f"dropped_{reason}"] = float(n)
-            for reason, n in self._get_failures.items():
-                extra[f"get_failed_{reason}"] = float(n)
+            extra.update(self._drops.by_reason("dropped_"))
+            extra.update(self._get_failures.by_reason("get_failed_"))
             return TierStats(
                 **common,
-                failed_keys=float(sum(self._drops.values()) + sum(self._get_failures.values())),
+                failed_keys=float(self._drops.total + self._get_failures.total),
                 bad_records=self._stats["corrupt_records"] + self._stats["torn_records"],
                 used_bytes=float(self._index.used_bytes),
                 capacity_bytes=float(self.capacity_bytes),
@@ -484,103 +421,37 @@ class DiskTier(Tier):
             os.close(self._lock_fd)  # the next opener may take the arena now
 
     def _save_policy_state(self) -> None:
-        """Write the policy's state beside the arena (temporary name, then rename), so the
-        next start resumes its decisions; a failure is counted, never raised at close."""
-        if not self.save_policy_state:
+        """Save the policy's state for the next start; a failure is counted, never raised."""
+        if not self.save_policy_state or not len(self._index):
             return
-        tmp = self.policy_state_path + ".tmp"
-        try:
+        try:  # an out-of-tree policy may not export; the disk, not be writable
             with self._lock:
-                data = export_policy_state(self._index.policy) if len(self._index) else None
-            if data is None:
-                return
-            with open(tmp, "wb") as out:
-                out.write(data)
-                if self.durability == "fsync":
-                    out.flush()
-                    os.fsync(out.fileno())
-            os.replace(tmp, self.policy_state_path)
-            if self.durability == "fsync":
-                self.files.fsync_dir(self.directory)
-        except Exception:  # an out-of-tree policy may not export; the disk, not be writable
+                policy = self._index.policy
+                save_policy_state(self.policy_state_path, policy, self.durability, self.files)
+        except Exception:
             self._stats["policy_state_errors"] += 1
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-
-    def _load_policy_state(self) -> None:
-        """After the scan: adopt the state saved at the last clean close, if it is this
-        policy's at this capacity (else the scan's oldest-first seeding stays). The file is
-        consumed, so a later crash restarts from the scan, never from a stale order."""
-        try:
-            with open(self.policy_state_path, "rb") as saved:
-                data = saved.read()
-        except FileNotFoundError:
-            return
-        except OSError:
-            self._stats["policy_state_errors"] += 1
-            return
-        finally:
-            with contextlib.suppress(OSError):
-                os.unlink(self.policy_state_path)
-        current = self._index.policy
-        try:
-            restored = restore_policy_state(data)
-        except (ValueError, TypeError, RecursionError):
-            self._stats["policy_state_ignored"] += 1
-            return
-        if type(restored) is not type(current) or restored.cache_capacity != current.cache_capacity:
-            self._stats["policy_state_ignored"] += 1  # another policy, budget or block size
-            return
-        try:
-            self._index.adopt_policy(restored)
-        except ValueError:  # a policy without a block table: nothing to reconcile with
-            self._stats["policy_state_ignored"] += 1
-            return
-        self._stats["policy_state_restored"] = 1.0
 
     # ----------------------------------------------------------------- helpers
 
-    def _check_batch(
-        self, keys: Sequence[OffloadKey], slots: Sequence[int]
-    ) -> tuple[tuple[OffloadKey, ...], tuple[int, ...]]:
-        keys_t, slots_t = tuple(keys), tuple(slots)
-        if len(keys_t) != len(slots_t):
-            raise ValueError(f"keys and slots must pair up, got {len(keys_t)} and {len(slots_t)}")
-        n = self.memory.num_slots
-        for slot in slots_t:
-            if isinstance(slot, bool) or not isinstance(slot, int):
-                raise TypeError(f"slots must be ints, got {type(slot).__name__}")
-            if not 0 <= slot < n:
-                raise ValueError(f"slot must be in [0, {n}), got {slot}")
-        return keys_t, slots_t
-
     def _drop(self, job: Job, i: int, reason: str) -> None:
         job.reasons[i] = reason
-        self._drops[reason] = self._drops.get(reason, 0) + 1
-        if reason in _QUIET_DROPS:
-            return
-        self._unwarned[reason] = self._unwarned.get(reason, 0) + 1
-        now = time.monotonic()
-        if now - self._warned_at < DROP_WARNING_INTERVAL_S:
-            return
-        self._warned_at = now
-        counts = ", ".join(f"{why} {n}" for why, n in sorted(self._unwarned.items()))
-        self._unwarned.clear()
-        logger.warning(
-            "disk tier %s: stores failed (%s) since the last warning; %d records, %d bytes "
-            "usable (budget %d, min_free_bytes %d); next warning in %.0f s at the earliest",
-            self.directory,
-            counts,
-            len(self._index),
-            self._limit,
-            self.capacity_bytes,
-            self.min_free_bytes,
-            DROP_WARNING_INTERVAL_S,
-        )
+        counts = self._drops.add(reason)
+        if counts is not None:
+            logger.warning(
+                "disk tier %s: stores failed (%s) since the last warning; %d records, %d bytes "
+                "usable (budget %d, min_free_bytes %d); next warning in %.0f s at the earliest",
+                self.directory,
+                counts,
+                len(self._index),
+                self._limit,
+                self.capacity_bytes,
+                self.min_free_bytes,
+                DROP_WARNING_INTERVAL_S,
+            )
 
     def _get_failed(self, job: Job, i: int, reason: str) -> None:
         job.reasons[i] = reason
-        self._get_failures[reason] = self._get_failures.get(reason, 0) + 1
+        self._get_failures.add(reason)
 
     def _publish(self, job: Job, written: list[int]) -> None:
         """A put job's records enter the policy together, tail first (lock held)."""
@@ -610,35 +481,6 @@ class DiskTier(Tier):
         return self._limit
 
     # ----------------------------------------------------------------- I/O tasks (threads)
-
-    def _chunks(self, items: list[RunItem], min_bytes: int) -> list[list[RunItem]]:
-        """A job's keys as tasks: runs of adjacent arena slots, split across the threads.
-
-        Adjacent slots go to the file in one vectored call. A job is cut into at most about
-        ``io_threads`` tasks so one large batch still uses every thread, but no task is cut
-        below ``min_bytes``. Each task costs a thread hand-off, a lock round and its own
-        system call, which small blocks cannot amortise. Puts use
-        :data:`_MIN_PUT_TASK_BYTES` (writes into one file serialise in the kernel anyway);
-        gets use the smaller :data:`_MIN_GET_TASK_BYTES` (reads of the page cache do run in
-        parallel, and other jobs in flight keep the threads busy): cutting a job of 16
-        blocks of 64 KiB into four 256 KiB reads held loads at 0.37 of a plain read on 2 cores,
-        one 1 MiB read per job reached 0.63 (``benchmarks/disk_tier_bandwidth.py``).
-        """
-        if not items:
-            return []
-        if any(a.arena >= b.arena for a, b in itertools.pairwise(items)):
-            items = sorted(items, key=lambda it: it.arena)
-        per_task = max(-(-len(items) // self._threads), -(-min_bytes // self.record_bytes))
-        per_task = min(_MAX_RUN, per_task)
-        chunks: list[list[RunItem]] = [[items[0]]]
-        last = chunks[0]
-        for item in items[1:]:
-            if item.arena == last[-1].arena + 1 and len(last) < per_task:
-                last.append(item)
-            else:
-                last = [item]
-                chunks.append(last)
-        return chunks
 
     def _run_put(self, job: Job, items: list[RunItem], written: list[int]) -> None:
         reason: str | None = CANCELLED
@@ -729,23 +571,16 @@ class DiskTier(Tier):
         report = self._arena.scan(self._index.max_slots, self.verify_on_scan)
         self._stats["torn_records"] += report.torn
         self._stats["evictions"] += report.cut_slots
-        found, free, skipped = sorted(report.found), report.free, report.skipped
-        seen: set[OffloadKey] = set()
+        skipped = report.skipped
         with self._lock:
-            for written_ns, key, arena_slot in found:
-                if key in seen:  # a duplicate from a crash between two writes: keep the newest
-                    old = self._index.remove_ready(key)
-                    if old is not None:
-                        self._arena.zero_quietly(old.slot)
-                        free.append(old.slot)
-                seen.add(key)
-                self._index.add_ready(key, arena_slot, self.record_bytes, written_ns)
-            self._index.set_high_water(report.slots, free)
-            for _ in skipped:
-                self._index.retire_slot(self.record_bytes)
+            stale = self._index.rebuild(
+                report.found, report.slots, report.free, skipped, self.record_bytes
+            )
+            for arena_slot in stale:  # a duplicate from a crash between two writes
+                self._arena.zero_quietly(arena_slot)
             self._stats["unreadable_slots"] = float(len(skipped))
-            self._stats["scanned_records"] = float(len(found))
-            self._load_policy_state()
+            self._stats["scanned_records"] = float(len(report.found))
+            load_policy_state(self.policy_state_path, self._index, self._stats)
             over = self._index.make_room(0, self._effective_limit(), ())
             self._stats["evictions"] += len(over or ())
             self._stats["scan_seconds"] = time.perf_counter() - t0
