@@ -534,3 +534,22 @@ def test_a_verdict_without_expiry_lasts_until_a_put_succeeds() -> None:
     assert manager.lookup_prefix([key(1)], ctx) == [MISS]
     with pytest.raises(ValueError, match="negative_ttl_s"):
         build(negative_ttl_s=-1.0)
+
+
+def test_wait_steps_until_writes_and_promotions_land_or_the_timeout() -> None:
+    manager, memory, (tier,) = build(cpu_blocks=2, tier_kwargs=[{"latency_polls": 3}])
+    ctx = ReqContext(req_id="a")
+    store(manager, memory, [key(1), key(2)], ctx)
+    assert manager.has_pending_work()
+    assert manager.wait(5.0) and not manager.has_pending_work()
+    assert tier.stored_keys() == {key(1), key(2)}  # the writes landed, no step() loop
+    evict_all(manager, memory)
+    assert manager.wait(5.0)  # the fillers' writes land and unpin their CPU slots
+    assert manager.lookup_prefix([key(1), key(2)], ctx) == [PENDING, PENDING]
+    assert manager.wait(5.0)
+    assert manager.lookup_prefix([key(1), key(2)], ctx) == [HIT, HIT]
+    tier.stuck = True  # a tier that never finishes: wait gives up at its deadline
+    store(manager, memory, [key(3)], ReqContext(req_id="b"))
+    assert manager.wait(0.05) is False and manager.has_pending_work()
+    with pytest.raises(ValueError, match="timeout"):
+        manager.wait(-1.0)
