@@ -70,7 +70,7 @@ from kvoffload.tiers.redis.connect import glob_escape, namespace_text, redis_ava
 from kvoffload.tiers.redis.record_io import RedisRecordIO
 from kvoffload.tiers.redis.records import RecordCodec
 from kvoffload.tiers.redis.transport import RedisError
-from kvoffload.tiers.runtime import CANCELLED, Job, TierRuntime
+from kvoffload.tiers.runtime import CANCELLED, CLOSED, Job, TierRuntime
 
 logger = logging.getLogger(__name__)
 
@@ -363,8 +363,14 @@ class RedisTier(RedisRecordIO, Tier):
                     job.fail_all(reason)
                 self._runtime.finish(job, 1)
 
-        self._runtime.spawn(job, task)
-        return job.job_id
+        with self._lock:  # the closed check and the hand-off in one step: close waits for it
+            if not self._runtime.closed:
+                self._runtime.spawn(job, task)
+                return job.job_id
+            self._inflight_bytes -= reserved
+            self._stats["failed_closed"] += len(job.keys)
+            job.fail_all(CLOSED)
+            return self._runtime.finish(job)
 
     def submit_put(
         self, keys: Sequence[OffloadKey], slots: Sequence[int], generation: int = 0
