@@ -14,7 +14,10 @@ the tier puts ``fdatasync`` barriers into every run of records (reused headers z
 payloads, stamps), so that ratio measures per-run durability. Ratios are tier / plain; each
 figure is the median of ``--runs`` interleaved runs. Reads hit the page cache for both (the
 files were just written; dropping caches needs root), so they compare CPU paths: the tier's
-header check and checksum per record against plain reads of one file.
+header check and checksum per record against plain reads of one file. Beside each store and
+plain write figure: its median wall and CPU seconds (``time.process_time``, all the process's
+threads) and the median one-minute load average at the runs' starts, since load from other
+processes stretches wall time.
 
 Then the restart scan: a fresh ``DiskTier`` over the written directory, records per second
 (header pages and commit stamps read and checked; payloads are verified on read, not on scan).
@@ -80,8 +83,9 @@ def _keys(blocks: int, salt: int) -> list[bytes]:
 
 def _plain(
     memory: BytearraySlotMemory, blocks: int, path: str, durability: str
-) -> tuple[float, float]:
+) -> tuple[float, float, float]:
     views = [memory.slot_view(b) for b in range(blocks)]
+    c0 = time.process_time()
     t0 = time.perf_counter()
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     for view in views:
@@ -90,6 +94,7 @@ def _plain(
         os.fsync(fd)
     os.close(fd)
     write_s = time.perf_counter() - t0
+    write_cpu = time.process_time() - c0
     dests = [memory.slot_view(blocks + b) for b in range(blocks)]
     t0 = time.perf_counter()
     fd = os.open(path, os.O_RDONLY)
@@ -98,7 +103,7 @@ def _plain(
     os.close(fd)
     read_s = time.perf_counter() - t0
     os.unlink(path)
-    return write_s, read_s
+    return write_s, read_s, write_cpu
 
 
 def _tier_run(
@@ -110,18 +115,20 @@ def _tier_run(
     batch: int,
     threads: int,
     salt: int,
-) -> tuple[float, float, float, int]:
+) -> tuple[float, float, float, int, float]:
     capacity = 2 * blocks * (HEADER_BYTES + memory.slot_bytes)
     tier = DiskTier(
         memory, root, capacity, durability=durability, checksum=checksum, io_threads=threads
     )
     keys = _keys(blocks, salt)
+    c0 = time.process_time()  # every thread of the process: the tier's I/O threads too
     t0 = time.perf_counter()
     for start in range(0, blocks, batch):
         tier.submit_put(keys[start : start + batch], list(range(start, min(blocks, start + batch))))
     if not tier.drain(600):
         raise RuntimeError("puts did not finish")
     write_s = time.perf_counter() - t0
+    write_cpu = time.process_time() - c0
     results = tier.poll()
     if not all(r.all_ok for r in results):
         raise RuntimeError(f"a put failed: {[r.reasons for r in results if not r.all_ok][:3]}")
@@ -144,7 +151,7 @@ def _tier_run(
     scan_s = time.perf_counter() - t0
     scanned = int(fresh.stats()["scanned_records"])
     fresh.close()
-    return write_s, read_s, scan_s, scanned
+    return write_s, read_s, scan_s, scanned, write_cpu
 
 
 def _checksum_rate(slot_bytes: int) -> dict[str, float]:
@@ -185,19 +192,25 @@ def main(argv: list[str] | None = None) -> int:
                 slot_bytes = per_token * tokens
                 blocks = max(8, (args.total_mib << 20) // slot_bytes)
                 memory = _memory(slot_bytes, blocks)
-                plain_w, plain_r = [], []
+                plain_w, plain_r, plain_cpu = [], [], []
                 tier_w: dict[str, list[float]] = {c: [] for c in args.checksums.split(",")}
                 tier_r: dict[str, list[float]] = {c: [] for c in tier_w}
+                tier_cpu: dict[str, list[float]] = {c: [] for c in tier_w}
+                loads = []
                 scan_rates = []
                 salt = 0
                 for _ in range(args.runs):
-                    w, r = _plain(memory, blocks, os.path.join(base, "plain.bin"), args.durability)
+                    loads.append(os.getloadavg()[0])
+                    w, r, cpu = _plain(
+                        memory, blocks, os.path.join(base, "plain.bin"), args.durability
+                    )
                     plain_w.append(w)
                     plain_r.append(r)
+                    plain_cpu.append(cpu)
                     for checksum in tier_w:
                         salt += 1
                         root = os.path.join(base, f"tier{salt}")
-                        w, r, scan_s, scanned = _tier_run(
+                        w, r, scan_s, scanned, cpu = _tier_run(
                             memory,
                             blocks,
                             root,
@@ -210,6 +223,7 @@ def main(argv: list[str] | None = None) -> int:
                         shutil.rmtree(root)
                         tier_w[checksum].append(w)
                         tier_r[checksum].append(r)
+                        tier_cpu[checksum].append(cpu)
                         scan_rates.append(scanned / scan_s)
                 nbytes = slot_bytes * blocks
                 pw, pr = statistics.median(plain_w), statistics.median(plain_r)
@@ -221,6 +235,9 @@ def main(argv: list[str] | None = None) -> int:
                     "durability": args.durability,
                     "plain_write_gbps": nbytes / pw / 1e9,
                     "plain_read_gbps": nbytes / pr / 1e9,
+                    "plain_write_cpu_s": statistics.median(plain_cpu),
+                    "plain_write_wall_s": pw,
+                    "load_average": statistics.median(loads),
                     "scan_blocks_per_s": statistics.median(scan_rates),
                     "target": TARGETS[tokens],
                     "checksum_gbps": _checksum_rate(slot_bytes),
@@ -233,6 +250,8 @@ def main(argv: list[str] | None = None) -> int:
                     row[f"{checksum}_store_gbps"] = nbytes / tw / 1e9
                     row[f"{checksum}_load_gbps"] = nbytes / tr / 1e9
                     row[f"{checksum}_store_ratio"] = pw / tw
+                    row[f"{checksum}_store_wall_s"] = tw
+                    row[f"{checksum}_store_cpu_s"] = statistics.median(tier_cpu[checksum])
                     row[f"{checksum}_load_ratio"] = pr / tr
                 rows.append(row)
                 del memory
@@ -249,7 +268,8 @@ def main(argv: list[str] | None = None) -> int:
     header = (
         f"{'geometry':8} {'tokens':>6} {'block':>8} {'checksum':8} {'store GB/s':>10} "
         f"{'plain w':>8} {'ratio':>6} {'load GB/s':>9} {'plain r':>8} {'ratio':>6} "
-        f"{'target':>6} {'scan blk/s':>10}"
+        f"{'target':>6} {'scan blk/s':>10} {'store s wall/cpu':>16} {'plain s wall/cpu':>16} "
+        f"{'load':>5}"
     )
     print(header)
     for row in rows:
@@ -260,7 +280,10 @@ def main(argv: list[str] | None = None) -> int:
                 f"{row['plain_write_gbps']:>8.2f} {row[f'{checksum}_store_ratio']:>6.2f} "
                 f"{row[f'{checksum}_load_gbps']:>9.2f} {row['plain_read_gbps']:>8.2f} "
                 f"{row[f'{checksum}_load_ratio']:>6.2f} {row['target']:>6.1f} "
-                f"{row['scan_blocks_per_s']:>10.0f}"
+                f"{row['scan_blocks_per_s']:>10.0f} "
+                f"{row[f'{checksum}_store_wall_s']:>7.3f}/{row[f'{checksum}_store_cpu_s']:<8.3f} "
+                f"{row['plain_write_wall_s']:>7.3f}/{row['plain_write_cpu_s']:<8.3f} "
+                f"{row['load_average']:>5.1f}"
             )
     rates = {
         f"{r['block_bytes'] // 1024}Ki": {k: round(v, 2) for k, v in r["checksum_gbps"].items()}

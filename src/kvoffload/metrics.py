@@ -346,14 +346,8 @@ def _medium_evictions(stats: Mapping[str, Any]) -> float:
 
 
 def _medium_corrupt(stats: Mapping[str, Any]) -> float:
-    """Records found bad and dropped: corrupt or torn (disk), rejected on check (Redis)."""
-    total = 0.0
-    for key, value in stats.items():
-        if key in ("medium_corrupt_records", "medium_torn_records") or key.startswith(
-            "medium_rejected_"
-        ):
-            total += float(value)
-    return total
+    """Records the tier found bad and dropped (its ``TierStats.bad_records``)."""
+    return float(stats.get("medium_bad_records", 0))
 
 
 class TieringCollector(_Member):

@@ -140,7 +140,7 @@ def test_stores_cascade_to_disk_and_promote_back_byte_exact(tmp_path: Path) -> N
         assert driver.request(first) == 6  # promoted from disk, then loaded from the CPU tier
         assert driver.counts.bad_bytes == 0
         assert driver.counts.loaded_bytes == 6 * BLOCK
-        assert tier.tier.stats()["get_hits"] == 6
+        assert tier.tier.stats()["hits"] == 6
         assert driver.tier_counters(TieringOffloadingMetrics.CHUNK_HITS)[DISK] == 6
     finally:
         driver.close()

@@ -139,7 +139,7 @@ def test_shared_trace_through_vllm_with_our_disk_tier_hits_like_our_manager(
         assert stats["stored"] > disk and stats["evictions"] > 0  # stores cascaded, evicted
         assert stats["records"] == disk  # and the tier stayed within its 25%
         promoted = int(by_tier[label])
-        assert stats["get_hits"] == promoted  # every disk hit was one promotion
+        assert stats["hits"] == promoted  # every disk hit was one promotion
         cpu_hits = int(by_tier["0:primary"])
         served = vllm.counts.prefix_hits - cpu_hits
         # the exact accounting of the difference: promoted, minus evicted before loaded

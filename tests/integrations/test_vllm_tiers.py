@@ -55,7 +55,7 @@ def test_stores_cascade_to_redis_and_promote_back_byte_exact(redis_url: str) -> 
         first = keys_for(6)
         assert driver.request(first) == 0
         driver.settle()
-        assert tier.tier.stats()["records_written"] == 6  # the cascade reached Redis
+        assert tier.tier.stats()["stored"] == 6  # the cascade reached Redis
         for _ in range(3):  # other prompts push the first one out of the 8-chunk CPU tier
             driver.request(keys_for(6))
             driver.settle()

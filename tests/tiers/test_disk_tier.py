@@ -333,7 +333,7 @@ def test_random_concurrent_jobs_never_serve_wrong_bytes_or_exceed_the_budget(
                         assert bytes(memory.slot_view(s)) == content[k]
         stats = tier.stats()
         assert stats["used_bytes"] <= stats["capacity_bytes"] and stats["records"] <= 6
-    assert tier.stats()["get_hits"] > 0 and tier.stats()["evictions"] > 0
+    assert tier.stats()["hits"] > 0 and tier.stats()["evictions"] > 0
     tier.close()
 
 

@@ -213,7 +213,7 @@ def test_records_on_the_wire_are_the_codec_format_on_both_paths(
         for i in range(4):
             assert bytes(direct.memory.slot_view(i)) == pattern(keys[4 + i], big)
             assert bytes(piped.memory.slot_view(4 + i)) == pattern(keys[i], big)
-        assert direct.stats()["records_written"] == 4 and direct.stats()["hits"] == 4
+        assert direct.stats()["stored"] == 4 and direct.stats()["hits"] == 4
     finally:
         direct.close()
         piped.close()
@@ -481,8 +481,13 @@ def test_bad_arguments_are_clear_errors(standalone_url: str) -> None:
             tier.submit_get([b"a", b"b"], [0])  # type: ignore[list-item]
     finally:
         tier.close()
-    with pytest.raises(RuntimeError, match="closed"):
-        tier.contains([b"x"])  # type: ignore[list-item]
+    # the one closed-tier rule: nothing served, every job reported with "closed" verdicts
+    key = bytes(32)
+    assert tier.contains([key]) == [Presence.MISS]  # type: ignore[list-item]
+    job = tier.submit_put([key], [0])  # type: ignore[list-item]
+    assert tier.drain(0)
+    (result,) = tier.poll()
+    assert result.job_id == job and result.reasons == {0: "closed"} and not result.all_ok
 
 
 def _make_tls_files(directory: Path) -> dict[str, Path]:

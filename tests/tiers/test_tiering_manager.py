@@ -206,11 +206,11 @@ def test_prefix_promotion_is_one_job_per_tier_and_stops_at_the_first_gap() -> No
     )
     seed(t0, memory, [key(0), key(2)], slot=0)
     seed(t1, memory, [key(1), key(4)], slot=0)
-    gets = (t0.stats()["gets"], t1.stats()["gets"])
+    gets = (t0.stats()["get_jobs"], t1.stats()["get_jobs"])
     ctx = ReqContext(req_id="a")
     keys = [key(i) for i in range(5)]
     assert manager.lookup_prefix(keys, ctx) == [PENDING, PENDING, PENDING, MISS, MISS]
-    assert (t0.stats()["gets"], t1.stats()["gets"]) == (gets[0] + 1, gets[1] + 1)
+    assert (t0.stats()["get_jobs"], t1.stats()["get_jobs"]) == (gets[0] + 1, gets[1] + 1)
     assert manager.cpu_slot(key(4)) is None  # after the gap: not promoted
     manager.step()
     assert manager.lookup_prefix(keys, ctx)[:3] == [HIT, HIT, HIT]
@@ -220,10 +220,10 @@ def test_prefix_promotion_is_one_job_per_tier_and_stops_at_the_first_gap() -> No
 def test_single_key_lookups_batch_their_promotions_until_the_pass_ends() -> None:
     manager, memory, (tier,) = build(cpu_blocks=8, specs=[{"write_policy": "none"}])
     seed(tier, memory, [key(0), key(1), key(2)], slot=0)
-    before = tier.stats()["gets"]
+    before = tier.stats()["get_jobs"]
     ctx = ReqContext(req_id="a")
     assert [manager.lookup(key(i), ctx) for i in range(4)] == [PENDING, PENDING, PENDING, MISS]
-    assert tier.stats()["gets"] == before + 1  # one job for the three
+    assert tier.stats()["get_jobs"] == before + 1  # one job for the three
     manager.step()
     assert [manager.lookup(key(i), ctx) for i in range(3)] == [HIT] * 3
 
@@ -245,11 +245,11 @@ def test_a_failed_read_is_a_miss_and_is_not_promoted_again() -> None:
     ctx = ReqContext(req_id="a")
     assert manager.lookup_prefix([key(0)], ctx) == [PENDING]
     manager.step()
-    gets = tier.stats()["gets"]
+    gets = tier.stats()["get_jobs"]
     for _ in range(5):
         assert manager.lookup_prefix([key(0)], ctx) == [MISS]
         manager.step()
-    assert tier.stats()["gets"] == gets  # no retry loop
+    assert tier.stats()["get_jobs"] == gets  # no retry loop
     stats = manager.get_stats()
     assert stats.stored_blocks == 0  # the slot was freed
     assert stats.tiers["t0"]["promotion_failures"] == 1
@@ -534,3 +534,22 @@ def test_a_verdict_without_expiry_lasts_until_a_put_succeeds() -> None:
     assert manager.lookup_prefix([key(1)], ctx) == [MISS]
     with pytest.raises(ValueError, match="negative_ttl_s"):
         build(negative_ttl_s=-1.0)
+
+
+def test_wait_steps_until_writes_and_promotions_land_or_the_timeout() -> None:
+    manager, memory, (tier,) = build(cpu_blocks=2, tier_kwargs=[{"latency_polls": 3}])
+    ctx = ReqContext(req_id="a")
+    store(manager, memory, [key(1), key(2)], ctx)
+    assert manager.has_pending_work()
+    assert manager.wait(5.0) and not manager.has_pending_work()
+    assert tier.stored_keys() == {key(1), key(2)}  # the writes landed, no step() loop
+    evict_all(manager, memory)
+    assert manager.wait(5.0)  # the fillers' writes land and unpin their CPU slots
+    assert manager.lookup_prefix([key(1), key(2)], ctx) == [PENDING, PENDING]
+    assert manager.wait(5.0)
+    assert manager.lookup_prefix([key(1), key(2)], ctx) == [HIT, HIT]
+    tier.stuck = True  # a tier that never finishes: wait gives up at its deadline
+    store(manager, memory, [key(3)], ReqContext(req_id="b"))
+    assert manager.wait(0.05) is False and manager.has_pending_work()
+    with pytest.raises(ValueError, match="timeout"):
+        manager.wait(-1.0)

@@ -297,7 +297,7 @@ class TieringMachine(RuleBasedStateMachine):
     @invariant()
     def open_breakers_send_nothing(self) -> None:
         for t, tier in enumerate(self.tiers):
-            jobs = tier.stats()["puts"] + tier.stats()["gets"]
+            jobs = tier.stats()["put_jobs"] + tier.stats()["get_jobs"]
             state = breaker_state(self.manager, t)
             if state is BreakerState.OPEN:
                 if self.open_since[t] is not None and self.jobs_seen[t] != jobs:

@@ -67,11 +67,13 @@ from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager, Tra
 
 from kvoffload.keys import OffloadKey, namespace_fingerprint
 from kvoffload.tiers.base import (
+    STAT_GAUGES,
     JobKind,
     MemoryviewSlotMemory,
     Presence,
     Tier,
     TierResult,
+    TierStats,
     check_seconds,
 )
 
@@ -391,16 +393,16 @@ class _KVOffloadSecondaryTier(SecondaryTierManager):
 
     def get_stats(self) -> OffloadingConnectorStats | None:
         """Our tier's counters (increase since the last call) and gauges, as vLLM metrics."""
-        stats = self.tier.stats()
+        stats = self.tier.tier_stats().as_dict()
         out = OffloadingConnectorStats()
         store = self.store_label()
         for metric in self.metrics:
             name = self.metric_name(metric)
             if metric.by_reason:
-                found = [
+                found = [  # a common name (failed_keys) is never one of the reasons
                     (k[len(metric.stat) :], v)
                     for k, v in stats.items()
-                    if k.startswith(metric.stat)
+                    if k.startswith(metric.stat) and k not in _STAT_NAMES
                 ]
             else:
                 found = [("", stats[metric.stat])] if metric.stat in stats else []
@@ -431,8 +433,20 @@ def _disk_tier_class() -> type[Tier]:
     return DiskTier
 
 
-_COMMON_GAUGES = (
-    TierMetric("inflight_jobs", "inflight_jobs", "gauge", "Jobs submitted and not yet done."),
+#: Metric suffixes kept from before the one stats schema, so dashboards keep their series.
+_SUFFIXES = {"stored": "records_written", "jobs_in_flight": "inflight_jobs"}
+
+_STAT_NAMES = frozenset(TierStats.names())
+
+#: Every tier's common figures (``TierStats``), one metric each; a tier adds its extras.
+_COMMON_METRICS = tuple(
+    TierMetric(
+        name,
+        _SUFFIXES.get(name, name),
+        "gauge" if name in STAT_GAUGES else "counter",
+        TierStats.documentation(name),
+    )
+    for name in TierStats.names()
 )
 
 
@@ -460,22 +474,12 @@ class KVOffloadDiskTier(_KVOffloadSecondaryTier):
         "cache_policy_module_path": "policy_module_path",
     }
     metrics: ClassVar[tuple[TierMetric, ...]] = (
-        TierMetric("used_bytes", "used_bytes", "gauge", "Bytes of records on disk."),
-        TierMetric("capacity_bytes", "capacity_bytes", "gauge", "The configured byte budget."),
+        *_COMMON_METRICS,
         TierMetric(
             "effective_capacity_bytes",
             "effective_capacity_bytes",
             "gauge",
             "The budget after the free-space floor (min_free_bytes).",
-        ),
-        TierMetric("records", "records", "gauge", "Records stored."),
-        *_COMMON_GAUGES,
-        TierMetric("stored", "records_written", "counter", "Records written."),
-        TierMetric(
-            "evictions",
-            "evictions",
-            "counter",
-            "Records evicted by the tier's policy to stay within its budget.",
         ),
         TierMetric(
             "corrupt_records",
@@ -562,7 +566,7 @@ class KVOffloadRedisTier(_KVOffloadSecondaryTier):
     tier_class: ClassVar[type[Tier]] = _redis_tier_class()
     metric_kind: ClassVar[str] = "redis"
     metrics: ClassVar[tuple[TierMetric, ...]] = (
-        *_COMMON_GAUGES,
+        *_COMMON_METRICS,
         TierMetric("inflight_bytes", "inflight_bytes", "gauge", "Bytes of jobs in flight."),
         TierMetric(
             "available",
@@ -576,7 +580,6 @@ class KVOffloadRedisTier(_KVOffloadSecondaryTier):
             "gauge",
             "Cached answers to existence checks.",
         ),
-        TierMetric("records_written", "records_written", "counter", "Records written."),
         TierMetric(
             "records_existing",
             "records_existing",

@@ -308,6 +308,38 @@ def check_close_reports_in_flight(make: TierMaker) -> None:
         raise _fail("close", f"after close, poll reported {sorted(seen)} of jobs {jobs}")
 
 
+def check_closed_rule(make: TierMaker) -> None:
+    """After ``close`` nothing is served and nothing raises: ``contains`` answers MISS and
+    every job (put, get, delete) is reported once, each key failed as ``"closed"``."""
+    memory = BytearraySlotMemory(SLOT_BYTES, 2)
+    tier = make(memory, 4)
+    key = conformance_key(0)
+    _fill(memory, 0, 1)
+    _wait(tier, [tier.submit_put([key], [0])], "closed")
+    tier.close()
+    _forget(tier)
+    try:
+        jobs = [
+            tier.submit_put([conformance_key(1), conformance_key(2)], [0, 1]),
+            tier.submit_get([key], [1]),
+            tier.submit_delete([key]),
+        ]
+        presence = tier.contains([key])
+    except Exception as exc:
+        raise _fail("closed", f"a call after close raised {exc!r}") from exc
+    if presence != [Presence.MISS]:
+        raise _fail("closed", f"contains after close answered {presence}")
+    if not tier.drain(1.0):
+        raise _fail("closed", "drain after close did not return True at once")
+    results = {r.job_id: r for r in tier.poll()}
+    if sorted(results) != sorted(jobs):
+        raise _fail("closed", f"after close, poll reported {sorted(results)} of jobs {jobs}")
+    for result in results.values():
+        want = dict.fromkeys(range(len(result.keys)), "closed")
+        if any(result.ok) or dict(result.reasons) != want:
+            raise _fail("closed", f"a {result.kind.value} after close came back {result}")
+
+
 ALL_CHECKS: tuple[Callable[[TierMaker], None], ...] = (
     check_round_trip,
     check_per_key_verdicts,
@@ -316,6 +348,7 @@ ALL_CHECKS: tuple[Callable[[TierMaker], None], ...] = (
     check_in_flight_not_evicted,
     check_delete,
     check_close_reports_in_flight,
+    check_closed_rule,
 )
 
 

@@ -17,6 +17,7 @@ from kvoffload.tiers.base import (
     TierHealth,
     TierJob,
     TierResult,
+    TierStats,
 )
 from kvoffload.tiers.memory import MemoryTier
 
@@ -34,4 +35,5 @@ __all__ = [
     "TierHealth",
     "TierJob",
     "TierResult",
+    "TierStats",
 ]

@@ -21,8 +21,8 @@ import enum
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from dataclasses import dataclass, field, fields
+from typing import Any, Protocol, runtime_checkable
 
 from kvoffload._checks import check_int, check_number
 from kvoffload.keys import OffloadKey
@@ -198,6 +198,74 @@ class ScannedBlock:
     mtime: float
 
 
+def _counter(doc: str) -> Any:
+    return field(default=0.0, metadata={"doc": doc})
+
+
+@dataclass(frozen=True)
+class TierStats:
+    """One vocabulary for every tier's figures; what only one medium knows goes in ``extra``.
+
+    Counters count keys (not jobs) unless the name says bytes or seconds; gauges are read now.
+    ``hits`` are keys a ``get`` read and verified (so a hit rate is ``hits / gets`` on every
+    tier); ``lookups`` / ``lookup_hits`` count ``contains`` answers.
+    """
+
+    lookups: float = _counter("Keys asked about in contains.")
+    lookup_hits: float = _counter("Keys contains answered HIT.")
+    puts: float = _counter("Keys submitted to be stored.")
+    stored: float = _counter("Records written.")
+    gets: float = _counter("Keys submitted to be read.")
+    hits: float = _counter("Keys read and verified.")
+    deletes: float = _counter("Records deleted on request.")
+    evictions: float = _counter("Records dropped to make room.")
+    failed_keys: float = _counter("Keys of jobs that failed, for any reason.")
+    bad_records: float = _counter(
+        "Records found corrupt, torn or foreign and dropped (never served)."
+    )
+    bytes_written: float = _counter("Payload bytes stored.")
+    bytes_read: float = _counter("Payload bytes read.")
+    write_seconds: float = _counter("Seconds spent writing.")
+    read_seconds: float = _counter("Seconds spent reading.")
+    used_bytes: float = _counter("Bytes the tier holds now (gauge).")
+    capacity_bytes: float = _counter("The tier's byte budget (gauge; 0: not bounded here).")
+    records: float = _counter("Records the tier holds now (gauge; 0 when it cannot tell).")
+    jobs_in_flight: float = _counter("Jobs submitted and not yet reported (gauge).")
+    extra: Mapping[str, float] = field(default_factory=dict)
+
+    @classmethod
+    def from_mapping(cls, stats: Mapping[str, float]) -> TierStats:
+        """Read a flat ``stats()`` mapping: the common names as fields, the rest as extra."""
+        common = {k: float(v) for k, v in stats.items() if k in _STAT_NAMES}
+        extra = {k: float(v) for k, v in stats.items() if k not in _STAT_NAMES}
+        return cls(**common, extra=extra)
+
+    def as_dict(self) -> dict[str, float]:
+        """The flat mapping ``Tier.stats()`` returns: the common fields, then ``extra``."""
+        out = {f.name: float(getattr(self, f.name)) for f in fields(self) if f.name != "extra"}
+        for name, value in self.extra.items():
+            out.setdefault(name, float(value))
+        return out
+
+    @classmethod
+    def names(cls) -> tuple[str, ...]:
+        """The common fields' names."""
+        return tuple(f.name for f in fields(cls) if f.name != "extra")
+
+    @classmethod
+    def documentation(cls, name: str) -> str:
+        """A common field's one-line description."""
+        for f in fields(cls):
+            if f.name == name:
+                return str(f.metadata.get("doc", ""))
+        raise ValueError(f"name must be one of {', '.join(cls.names())}, got {name!r}")
+
+
+#: The :class:`TierStats` fields that are gauges (read now); the others are counters.
+STAT_GAUGES = frozenset({"used_bytes", "capacity_bytes", "records", "jobs_in_flight"})
+_STAT_NAMES = frozenset(TierStats.names())
+
+
 class Tier(ABC):
     """An asynchronous, batched, byte-bounded store of host slots.
 
@@ -259,8 +327,18 @@ class Tier(ABC):
         return TierHealth(ok=True)
 
     def stats(self) -> dict[str, float]:
-        """Counters and gauges (``used_bytes``, ``capacity_bytes``, ``corrupt_records``, ...)."""
-        return {}
+        """Counters and gauges, flat: :meth:`tier_stats` as a mapping."""
+        if type(self).tier_stats is Tier.tier_stats:
+            return {}
+        return self.tier_stats().as_dict()
+
+    def tier_stats(self) -> TierStats:
+        """Counters and gauges in the one schema every tier shares (what only this tier
+        knows in ``extra``). A tier that overrides only :meth:`stats` is read through
+        :meth:`TierStats.from_mapping`."""
+        if type(self).stats is Tier.stats:
+            return TierStats()
+        return TierStats.from_mapping(self.stats())
 
     def scan(self) -> Iterator[ScannedBlock]:
         """The records present on the medium (empty for a tier that keeps nothing)."""

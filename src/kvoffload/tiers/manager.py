@@ -33,16 +33,14 @@ scheduler step submits the step's promotions and reaps completions.
 
 from __future__ import annotations
 
-import enum
 import logging
 import time
-from collections import Counter, OrderedDict
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import fields
 from typing import Any
 
-from kvoffload._checks import check_bool, check_int
-from kvoffload.admission import AdmissionFilter, StoreAfterNOffers
+from kvoffload._checks import check_int
 from kvoffload.context import ReqContext
 from kvoffload.events import OffloadingEvent
 from kvoffload.keys import OffloadKey
@@ -51,7 +49,6 @@ from kvoffload.manager import (
     CPUOffloadingManager,
     LookupResult,
     OffloadingManager,
-    OffloadingStats,
     PrepareStoreOutput,
     RequestOffloadingContext,
 )
@@ -65,224 +62,33 @@ from kvoffload.tiers.base import (
     TierResult,
     check_seconds,
 )
-from kvoffload.tiers.breaker import BREAKER_GAUGE, BreakerState, CircuitBreaker
+from kvoffload.tiers.breaker import BREAKER_GAUGE, BreakerState
+from kvoffload.tiers.settings import (
+    BENIGN_REASONS,
+    SecondaryTier,
+    TieringStats,
+    WritePolicy,
+    check_tier_settings,
+)
+
+# the manager's own names for its bookkeeping (kept private here, as before the split)
+from kvoffload.tiers.tiering_state import RequestState as _RequestState
+from kvoffload.tiers.tiering_state import TierJobState as _Job
+from kvoffload.tiers.tiering_state import TierState as _TierState
+from kvoffload.tiers.tiering_state import request_state as _request_state
+from kvoffload.tiers.write_policies import TierWrites
 
 logger = logging.getLogger(__name__)
+
+_WAIT_SLICE_S = 0.01  # longest wait on one tier's drain inside wait() before stepping again
 
 _MISS = LookupResult.MISS
 _HIT = LookupResult.HIT
 _HIT_PENDING = LookupResult.HIT_PENDING
 _RETRY = LookupResult.RETRY
 
-#: Failure reasons that say nothing about the tier's health (they never trip the breaker).
-BENIGN_REASONS = frozenset({"missing", "exists", "no_space", "too_large", "busy", "cancelled"})
 
-
-class WritePolicy(str, enum.Enum):
-    """When a secondary tier receives the CPU tier's blocks."""
-
-    WRITE_THROUGH = "write_through"
-    WRITE_BACK = "write_back"
-    SELECTIVE = "selective"
-    NONE = "none"
-
-
-@dataclass
-class SecondaryTier:
-    """A secondary tier and how the manager uses it.
-
-    Args:
-        tier: the tier (its ``memory`` must be the manager's host slots).
-        write_policy: ``write_through``, ``write_back``, ``selective`` or ``none``.
-        admission: the filter of a ``selective`` tier (default: admit on the
-            ``store_threshold``-th offer).
-        store_threshold: offers before a ``selective`` tier admits a block (default 2).
-        fill: also write blocks promoted from farther tiers into this one.
-        max_inflight_bytes: most bytes of jobs in flight on this tier (0: no bound).
-        breaker_threshold: failed jobs in a row that open its breaker (0: never).
-        breaker_backoff_s / breaker_max_backoff_s: first and longest wait before a probe.
-        lookup_retries: ``RETRY`` answers per request and key while the tier says UNKNOWN.
-        write_back_reserve_blocks: free CPU slots kept ready for stores by evicting (and
-            writing back) the CPU policy's next victims ahead of need, at each :meth:`step`
-            (default, 0: a sixteenth of the CPU tier, at least 1). A store that finds too few
-            free slots evicts ahead what it needs and waits (is refused) while those victims
-            are still being written.
-        label: name in stats (default: the tier's ``name``; repeated names get ``#i``).
-    """
-
-    tier: Tier
-    write_policy: WritePolicy | str = WritePolicy.WRITE_THROUGH
-    admission: AdmissionFilter | None = None
-    store_threshold: int = 2
-    fill: bool = False
-    max_inflight_bytes: int = 0
-    breaker_threshold: int = 5
-    breaker_backoff_s: float = 1.0
-    breaker_max_backoff_s: float = 60.0
-    lookup_retries: int = 4
-    write_back_reserve_blocks: int = 0
-    label: str | None = None
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.tier, Tier):
-            raise TypeError(f"tier must be a Tier, got {type(self.tier).__name__}")
-        check_tier_settings({name: getattr(self, name) for name in _SETTING_DEFAULTS})
-        self.write_policy = WritePolicy(self.write_policy)
-        if self.admission is not None and not isinstance(self.admission, AdmissionFilter):
-            raise TypeError(
-                "admission must provide admit(keys, ctx) and reset(), got "
-                f"{type(self.admission).__name__}"
-            )
-
-
-#: SecondaryTier's settings (every field but ``tier`` and ``admission``) and their defaults.
-_SETTING_DEFAULTS: dict[str, Any] = {
-    f.name: f.default for f in fields(SecondaryTier) if f.name not in ("tier", "admission")
-}
-#: Its int settings (each >= 0), with what 0 means where it means something.
-_INT_SETTINGS = {
-    "store_threshold": "",
-    "max_inflight_bytes": " (0: no bound)",
-    "lookup_retries": "",
-    "write_back_reserve_blocks": " (0: a sixteenth of the CPU tier)",
-}
-
-
-def check_tier_settings(settings: Mapping[str, Any]) -> None:
-    """:class:`SecondaryTier`'s rules for its settings (``settings`` over the defaults).
-
-    The dataclass checks its fields with it, and a ``tiers`` config its manager keys before
-    any tier is built, so both give the same error for the same key.
-    """
-    given = {**_SETTING_DEFAULTS, **settings}
-    for name, why in _INT_SETTINGS.items():
-        check_int(name, given[name], 0, why=why)
-    CircuitBreaker.check_settings(
-        given["breaker_threshold"], given["breaker_backoff_s"], given["breaker_max_backoff_s"]
-    )
-    check_bool("fill", given["fill"])
-    label = given["label"]
-    if label is not None and not isinstance(label, str):
-        raise TypeError(f"label must be a str or None, got {type(label).__name__} {label!r}")
-    policy = given["write_policy"]
-    values = tuple(p.value for p in WritePolicy)
-    if not isinstance(policy, str) or policy not in values:  # a member is a str too
-        error = ValueError if isinstance(policy, str) else TypeError
-        raise error(
-            f"write_policy must be one of {', '.join(values)}, got "
-            f"{type(policy).__name__} {policy!r}"
-        )
-
-
-@dataclass(frozen=True)
-class TieringStats(OffloadingStats):
-    """The CPU tier's statistics plus the tiering counters and one dict per secondary tier."""
-
-    tiering: Mapping[str, float] = field(default_factory=dict)
-    tiers: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
-
-    def as_dict(self) -> dict[str, Any]:
-        out = super().as_dict()
-        out.pop("tiering", None)
-        out.pop("tiers", None)
-        out.update({f"tiering_{k}": v for k, v in self.tiering.items()})
-        for label, stats in self.tiers.items():
-            for name, value in stats.items():
-                if isinstance(value, Mapping):
-                    out.update({f"tier_{label}_{name}_{k}": v for k, v in value.items()})
-                else:
-                    out[f"tier_{label}_{name}"] = value
-        return out
-
-
-@dataclass
-class _Job:
-    kind: JobKind
-    keys: tuple[OffloadKey, ...]
-    ctx: ReqContext
-    generation: int
-    nbytes: int
-    purpose: str  # "promote", "write", "fill", "write_back"
-    slots: tuple[int, ...] = ()  # a write-back's held victim slots (released on completion)
-
-
-class _RequestState:
-    """Per-request tiering state kept in the request's ``ReqContext``."""
-
-    __slots__ = ("retries", "seen")
-
-    def __init__(self) -> None:
-        self.retries: dict[OffloadKey, int] = {}
-        self.seen: dict[OffloadKey, None] = {}  # this pass's CPU-resident prefix, in order
-
-
-def _request_state(ctx: ReqContext) -> _RequestState:
-    state = ctx.get_state(_RequestState)
-    if state is None:
-        state = _RequestState()
-        ctx.set_state(state)
-    return state
-
-
-_TIER_COUNTERS = (
-    "lookups",
-    "hits",
-    "unknown",
-    "promotions",
-    "promotion_failures",
-    "blocks_written",
-    "write_failures",
-    "already_stored",
-    "bytes_read",
-    "bytes_written",
-    "read_seconds",
-    "write_seconds",
-    "stale_completions",
-    "tier_evictions",
-)
-
-
-class _TierState:
-    """One secondary tier's runtime state."""
-
-    def __init__(
-        self, spec: SecondaryTier, label: str, clock: Callable[[], float], cpu_blocks: int
-    ) -> None:
-        self.spec = spec
-        self.tier = spec.tier
-        self.label = label
-        self.breaker = CircuitBreaker(
-            spec.breaker_threshold, spec.breaker_backoff_s, spec.breaker_max_backoff_s, clock
-        )
-        self.policy = WritePolicy(spec.write_policy)
-        self.admission: AdmissionFilter | None = None
-        if self.policy is WritePolicy.SELECTIVE:
-            self.admission = (  # not `or`: an empty offer table has len() 0
-                spec.admission
-                if spec.admission is not None
-                else StoreAfterNOffers(max(spec.store_threshold, 1))
-            )
-        self.max_batch = spec.tier.capabilities.max_batch
-        self.reserve = spec.write_back_reserve_blocks or max(1, cpu_blocks // 16)
-        self.jobs: dict[int, _Job] = {}
-        self.inflight_bytes = 0
-        self.put_keys: set[OffloadKey] = set()  # keys with a put in flight here
-        self.queue: list[tuple[OffloadKey, int, ReqContext]] = []  # promotions not submitted
-        self.negative: OrderedDict[OffloadKey, float] = OrderedDict()  # failed read -> expiry
-        self.write_backs = 0  # evicted blocks whose write here is in flight
-        self.counters: dict[str, float] = dict.fromkeys(_TIER_COUNTERS, 0)
-        self.drops: Counter[str] = Counter()
-
-    def room(self, slot_bytes: int) -> int | None:
-        """Blocks that still fit under the in-flight bound (``None``: no bound)."""
-        bound = self.spec.max_inflight_bytes
-        if not bound:
-            return None
-        queued = len(self.queue) * slot_bytes
-        return max(0, (bound - self.inflight_bytes - queued) // slot_bytes)
-
-
-class TieringManager(OffloadingManager):
+class TieringManager(TierWrites, OffloadingManager):
     """A CPU tier (gateway) with an ordered list of secondary tiers behind it.
 
     Args:
@@ -410,15 +216,6 @@ class TieringManager(OffloadingManager):
 
     def _jobs_in_flight(self) -> bool:
         return any(st.jobs for st in self._tiers)
-
-    def _drop(self, st: _TierState, reason: str, count: int) -> None:
-        if count:
-            st.drops[reason] += count
-
-    def _forget_cpu(self, keys: Sequence[OffloadKey]) -> None:
-        for key in keys:
-            self._slots.pop(key, None)
-            self._pending.pop(key, None)
 
     def _note_store(self, out: PrepareStoreOutput, ctx: ReqContext) -> None:
         self._forget_cpu(out.evicted_keys)
@@ -649,148 +446,6 @@ class TieringManager(OffloadingManager):
                     )
                     st.inflight_bytes += nbytes
 
-    def _write(
-        self,
-        st: _TierState,
-        keys: Sequence[OffloadKey],
-        ctx: ReqContext,
-        purpose: str,
-        held: Mapping[OffloadKey, int] | None = None,
-    ) -> list[OffloadKey]:
-        """Put CPU-ready ``keys`` to ``st``; returns the keys submitted.
-
-        ``held`` gives the slots of evicted victims (a write-back: the slots are held, and
-        the put's completion releases them); otherwise the put pins the CPU blocks itself.
-        """
-        if self._resetting:
-            self._drop(st, "resetting", len(keys))
-            return []
-        fresh = [k for k in dict.fromkeys(keys) if k not in st.put_keys]
-        if fresh:
-            presence = st.tier.contains(fresh)
-            stored = [k for k, p in zip(fresh, presence, strict=True) if p is Presence.HIT]
-            st.counters["already_stored"] += len(stored)
-            fresh = [k for k, p in zip(fresh, presence, strict=True) if p is not Presence.HIT]
-        if not fresh:
-            return []
-        if not st.breaker.allows():
-            self._drop(st, "breaker_open", len(fresh))
-            return []
-        room = st.room(self.slot_bytes)
-        if room is not None and room < len(fresh):
-            self._drop(st, "inflight_limit", len(fresh) - room)
-            fresh = fresh[:room]
-            if not fresh:
-                return []
-        if held is not None:
-            slots = [held[k] for k in fresh]
-            st.write_backs += len(fresh)
-        else:
-            slots = list(self.cpu.prepare_load(fresh, ctx).block_ids)
-        step = st.max_batch or len(fresh)
-        for start in range(0, len(fresh), step):
-            part = tuple(fresh[start : start + step])
-            nbytes = len(part) * self.slot_bytes
-            job_id = st.tier.submit_put(part, slots[start : start + step], self._generation)
-            st.breaker.on_submit()
-            st.jobs[job_id] = _Job(
-                JobKind.PUT,
-                part,
-                ctx,
-                self._generation,
-                nbytes,
-                purpose,
-                tuple(slots[start : start + step]) if held is not None else (),
-            )
-            st.inflight_bytes += nbytes
-            st.put_keys.update(part)
-        return fresh
-
-    def _cascade(self, keys: list[OffloadKey], ctx: ReqContext) -> None:
-        """Blocks that just became ready in the CPU: hand them to each tier's write policy."""
-        for st in self._tiers:
-            if st.policy is WritePolicy.WRITE_THROUGH:
-                self._write(st, keys, ctx, "write")
-            elif st.policy is WritePolicy.SELECTIVE:
-                self._offer(st, keys, ctx)
-
-    def _offer(self, st: _TierState, keys: Sequence[OffloadKey], ctx: ReqContext) -> None:
-        assert_filter = st.admission
-        if assert_filter is None:  # cannot happen: selective tiers always get one
-            raise RuntimeError("selective tier without an admission filter")
-        candidates = [k for k in keys if k not in st.put_keys]
-        if not candidates:
-            return
-        presence = st.tier.contains(candidates)
-        candidates = [k for k, p in zip(candidates, presence, strict=True) if p is not Presence.HIT]
-        if not candidates:
-            return
-        admitted = assert_filter.admit(candidates, ctx)
-        self._drop(st, "admission", len(candidates) - len(admitted))
-        if admitted:
-            self._write(st, admitted, ctx, "write")
-
-    def _make_room(self, keys: Sequence[OffloadKey], protected: Sequence[OffloadKey]) -> bool:
-        """Before a CPU store of ``keys``: evict ahead what it lacks, so no victim of a
-        write-back tier leaves unwritten. False: the store must wait for write-backs."""
-        if not self._write_back or self._resetting:
-            return True
-        new = sum(1 for k in dict.fromkeys(keys) if k not in self._slots)
-        if new <= self.cpu.free_blocks:
-            return True
-        short = new - self.cpu.free_blocks - len(self._evicting)  # held ones free up soon
-        if short > 0:
-            self._evict_ahead(short, protected)
-        if self._evicting:
-            self._reap()  # a tier that finished at once frees the slots now
-        if new > self.cpu.free_blocks and self._evicting and self.write_back_wait_s > 0:
-            deadline = time.monotonic() + self.write_back_wait_s
-            for st in self._write_back:  # wait (bounded) for the writes that free the room
-                if st.write_backs:
-                    st.tier.drain(max(0.0, deadline - time.monotonic()))
-            self._counters["write_back_waits"] += 1
-            self._reap()
-        if new > self.cpu.free_blocks and self._evicting:
-            self._counters["stores_waiting_write_back"] += 1
-            return False
-        return True  # enough room, or nothing left to evict (the CPU store decides)
-
-    def _evict_ahead(self, n: int, protected: Sequence[OffloadKey]) -> None:
-        """Evict ``n`` of the CPU policy's next victims and write them to the write-back
-        tiers; each victim's slot is held until every tier it went to has it."""
-        victims = self.cpu.evict_ahead(n, protected)
-        if not victims:
-            return
-        self._counters["evicted_ahead"] += len(victims)
-        keys = [key for key, _ in victims]
-        self._forget_cpu(keys)
-        held = dict(victims)
-        writes: Counter[OffloadKey] = Counter()
-        for st in self._write_back:
-            writes.update(self._write(st, keys, self._internal, "write_back", held=held))
-        free = []
-        for key, slot in victims:
-            if writes[key]:
-                self._evicting[slot] = [key, writes[key]]
-            else:  # stored there already, or dropped (counted): nothing to wait for
-                free.append(slot)
-        if free:
-            self.cpu.release_evicted(free)
-
-    def _release_written(self, slots: Sequence[int]) -> None:
-        """A write-back put finished (either way): victims with no write left are freed."""
-        free = []
-        for slot in slots:
-            entry = self._evicting.get(slot)
-            if entry is None:
-                continue
-            entry[1] -= 1
-            if entry[1] <= 0:
-                del self._evicting[slot]
-                free.append(slot)
-        if free:
-            self.cpu.release_evicted(free)
-
     # ----------------------------------------------------------- completions
     def _reap(self) -> int:
         """Process every finished tier job; returns how many."""
@@ -894,6 +549,26 @@ class TieringManager(OffloadingManager):
         return done
 
     poll = step
+
+    def wait(self, timeout: float) -> bool:
+        """Step until no tier work is pending (promotions queued or jobs in flight, each
+        completion applied) or ``timeout`` seconds pass; True when none is left.
+
+        Why: a caller that must see a promotion or a write land (the synchronous facade, a
+        test) waits on the tiers' own ``drain`` between steps instead of sleeping in a loop.
+        """
+        timeout = check_seconds("timeout", timeout)
+        deadline = time.monotonic() + timeout
+        while True:
+            self.step()
+            if not self.has_pending_work():
+                return True
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            for st in self._tiers:
+                if st.jobs:  # a short slice each, so every tier's completions are reaped
+                    st.tier.drain(min(left, _WAIT_SLICE_S))
 
     def _end_pass(self, ctx: ReqContext) -> None:
         state = ctx.get_state(_RequestState)

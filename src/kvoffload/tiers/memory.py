@@ -30,21 +30,23 @@ from kvoffload.tiers.base import (
     Tier,
     TierCapabilities,
     TierHealth,
-    TierJob,
     TierResult,
+    TierStats,
     check_seconds,
 )
+from kvoffload.tiers.runtime import CANCELLED, Job, TierRuntime
 
 
 @dataclass
 class _Pending:
-    job: TierJob
+    """A job's schedule: it completes when polled, after its latency."""
+
+    job: Job
+    slots: tuple[int, ...]
     ready_at: float
     polls_left: int
     fail: dict[int, str] = field(default_factory=dict)  # index -> reason, decided at submit
     skip: set[int] = field(default_factory=set)  # puts of keys already stored: no write
-    submitted: float = 0.0
-    evicted: tuple[OffloadKey, ...] = ()  # records dropped to make room for this put
 
 
 class MemoryTier(Tier):
@@ -109,16 +111,30 @@ class MemoryTier(Tier):
         self._clock = clock
         self._records: dict[OffloadKey, bytes] = {}
         self._count = 0  # keys in the policy (ready or being written)
-        self._ids = itertools.count(1)
+        self._ids = itertools.count(1)  # block ids of the policy's entries
+        self._runtime = TierRuntime(0, clock=clock)
         self._jobs: list[_Pending] = []
-        self._done: list[TierResult] = []
-        self._closed = False
         self.fail_keys: dict[OffloadKey, str] = {}
         self.fail_all: str | None = None
         self.unknown_keys: set[OffloadKey] = set()
         self.stuck = False
         self._stats: dict[str, float] = dict.fromkeys(
-            ("puts", "gets", "deletes", "evictions", "failed_keys", "bytes_in", "bytes_out"), 0
+            (
+                "puts",
+                "gets",
+                "put_jobs",
+                "get_jobs",
+                "delete_jobs",
+                "stored",
+                "hits",
+                "deletes",
+                "evictions",
+                "failed_keys",
+                "bad_records",
+                "bytes_written",
+                "bytes_read",
+            ),
+            0.0,
         )
 
     # ----------------------------------------------------------------- contract
@@ -132,6 +148,8 @@ class MemoryTier(Tier):
         return self._policy
 
     def contains(self, keys: Sequence[OffloadKey]) -> list[Presence]:
+        if self._runtime.closed:  # nothing is served after close
+            return [Presence.MISS] * len(keys)
         out = []
         get = self._policy.get
         for key in keys:
@@ -163,8 +181,6 @@ class MemoryTier(Tier):
         }
 
     def _check_batch(self, keys: Sequence[OffloadKey], slots: Sequence[int] | None) -> None:
-        if self._closed:
-            raise RuntimeError(f"tier '{self.name}' is closed")
         if slots is not None:
             if len(keys) != len(slots):
                 raise ValueError(
@@ -177,10 +193,30 @@ class MemoryTier(Tier):
         if limit and len(keys) > limit:
             raise ValueError(f"a job may carry at most max_batch={limit} keys, got {len(keys)}")
 
-    def _enqueue(self, job: TierJob, fail: dict[int, str], skip: set[int] | None = None) -> int:
-        now = self._clock()
+    def _open(self, kind: JobKind, keys: Sequence[OffloadKey], generation: int) -> tuple[Job, bool]:
+        """A new job and whether it may run: on a closed tier it is already reported, each
+        key ``"closed"`` (the one closed-tier rule of ``runtime``)."""
+        self._stats[f"{kind.value}_jobs"] += 1
+        with self._runtime.lock:
+            job = self._runtime.open_job(kind, keys, generation)
+            if not self._runtime.closed:
+                return job, True
+            self._stats["failed_keys"] += len(job.keys)
+            self._runtime.finish(job)
+            return job, False
+
+    def _enqueue(
+        self,
+        job: Job,
+        slots: Sequence[int],
+        fail: dict[int, str],
+        skip: set[int] | None = None,
+        evicted: Sequence[OffloadKey] = (),
+    ) -> int:
+        job.evicted.extend(evicted)
+        ready_at = job.started + self.latency_s
         self._jobs.append(
-            _Pending(job, now + self.latency_s, self.latency_polls, fail, skip or set(), now)
+            _Pending(job, tuple(slots), ready_at, self.latency_polls, fail, skip or set())
         )
         return job.job_id
 
@@ -191,6 +227,10 @@ class MemoryTier(Tier):
         self, keys: Sequence[OffloadKey], slots: Sequence[int], generation: int = 0
     ) -> int:
         self._check_batch(keys, slots)
+        job, runs = self._open(JobKind.PUT, keys, generation)
+        if not runs:
+            return job.job_id
+        self._stats["puts"] += len(keys)
         policy = self._policy
         fail: dict[int, str] = {}
         skip: set[int] = set()
@@ -220,16 +260,16 @@ class MemoryTier(Tier):
                 self._stats["evictions"] += len(victims)
             policy.insert(key, BlockStatus(next(self._ids), -1), None)
             self._count += 1
-        job = TierJob(next(self._ids), JobKind.PUT, tuple(keys), tuple(slots), generation)
-        self._stats["puts"] += 1
-        job_id = self._enqueue(job, fail, skip)
-        self._jobs[-1].evicted = tuple(evicted)
-        return job_id
+        return self._enqueue(job, slots, fail, skip, evicted)
 
     def submit_get(
         self, keys: Sequence[OffloadKey], slots: Sequence[int], generation: int = 0
     ) -> int:
         self._check_batch(keys, slots)
+        job, runs = self._open(JobKind.GET, keys, generation)
+        if not runs:
+            return job.job_id
+        self._stats["gets"] += len(keys)
         policy = self._policy
         fail: dict[int, str] = {}
         for i, key in enumerate(keys):
@@ -247,12 +287,13 @@ class MemoryTier(Tier):
         fresh = [k for i, k in enumerate(keys) if i not in fail]
         if fresh:
             policy.touch(fresh, None)
-        job = TierJob(next(self._ids), JobKind.GET, tuple(keys), tuple(slots), generation)
-        self._stats["gets"] += 1
-        return self._enqueue(job, fail)
+        return self._enqueue(job, slots, fail)
 
     def submit_delete(self, keys: Sequence[OffloadKey], generation: int = 0) -> int:
         self._check_batch(keys, None)
+        job, runs = self._open(JobKind.DELETE, keys, generation)
+        if not runs:
+            return job.job_id
         policy = self._policy
         fail: dict[int, str] = {}
         for i, key in enumerate(keys):
@@ -265,12 +306,11 @@ class MemoryTier(Tier):
                 policy.remove(key)
                 del self._records[key]
                 self._count -= 1
-        job = TierJob(next(self._ids), JobKind.DELETE, tuple(keys), (), generation)
-        self._stats["deletes"] += 1
-        return self._enqueue(job, fail)
+                self._stats["deletes"] += 1
+        return self._enqueue(job, (), fail)
 
     # ------------------------------------------------------------- completion
-    def _complete(self, pending: _Pending, cancelled: bool = False) -> TierResult:
+    def _complete(self, pending: _Pending, cancelled: bool = False) -> None:
         job, fail = pending.job, dict(pending.fail)
         policy = self._policy
         view = self.memory.slot_view
@@ -282,7 +322,7 @@ class MemoryTier(Tier):
                 and i not in pending.skip
                 and job.kind is not JobKind.DELETE
             ):
-                fail[i] = "cancelled"
+                fail[i] = CANCELLED
                 cancelled_now = True
             else:
                 cancelled_now = False
@@ -296,8 +336,9 @@ class MemoryTier(Tier):
                     policy.remove(key)
                     self._count -= 1
                     continue
-                self._records[key] = bytes(view(job.slots[i]))
+                self._records[key] = bytes(view(pending.slots[i]))
                 nbytes += self.memory.slot_bytes
+                self._stats["stored"] += 1
                 status.ref_cnt = 0
                 policy.mark_evictable(key)
             elif job.kind is JobKind.GET:
@@ -308,80 +349,79 @@ class MemoryTier(Tier):
                             policy.remove(key)
                             del self._records[key]
                             self._count -= 1
+                            self._stats["bad_records"] += 1
                     continue
                 status = policy.get(key)
                 if status is None or status.ref_cnt <= 0:
                     raise RuntimeError(f"get of {key.hex()} lost its pin")
                 if not cancelled_now:
-                    view(job.slots[i])[:] = self._records[key]
+                    view(pending.slots[i])[:] = self._records[key]
                     nbytes += self.memory.slot_bytes
+                    self._stats["hits"] += 1
                 status.ref_cnt -= 1
                 if status.ref_cnt == 0:
                     policy.mark_evictable(key)
         self._stats["failed_keys"] += len(fail)
-        self._stats["bytes_in" if job.kind is JobKind.PUT else "bytes_out"] += nbytes
-        return TierResult(
-            job_id=job.job_id,
-            kind=job.kind,
-            keys=job.keys,
-            ok=tuple(i not in fail for i in range(len(job.keys))),
-            generation=job.generation,
-            nbytes=nbytes,
-            seconds=max(0.0, self._clock() - pending.submitted),
-            reasons=fail,
-            evicted=pending.evicted,
-        )
+        self._stats["bytes_written" if job.kind is JobKind.PUT else "bytes_read"] += nbytes
+        job.ok[:] = [i not in fail for i in range(len(job.keys))]
+        job.reasons.update(fail)
+        job.nbytes = nbytes
+        with self._runtime.lock:
+            self._runtime.finish(job)
 
     def poll(self) -> list[TierResult]:
-        done, self._done = self._done, []
-        if self.stuck:
-            return done
-        now = self._clock()
-        waiting: list[_Pending] = []
-        for pending in self._jobs:
-            if pending.polls_left <= 0 and now >= pending.ready_at:
-                done.append(self._complete(pending))
-            else:
-                pending.polls_left -= 1
-                waiting.append(pending)
-        self._jobs = waiting
-        return done
+        if not self.stuck:
+            now = self._clock()
+            waiting: list[_Pending] = []
+            for pending in self._jobs:
+                if pending.polls_left <= 0 and now >= pending.ready_at:
+                    self._complete(pending)
+                else:
+                    pending.polls_left -= 1
+                    waiting.append(pending)
+            self._jobs = waiting
+        return self._runtime.poll()
 
     def drain(self, timeout: float) -> bool:
         if self.stuck:
             return not self._jobs
-        self._done.extend(self._complete(pending) for pending in self._jobs)
-        self._jobs = []
+        jobs, self._jobs = self._jobs, []
+        for pending in jobs:
+            self._complete(pending)
         return True
 
     # ------------------------------------------------------------------ extras
     def health(self) -> TierHealth:
-        if self._closed:
+        if self._runtime.closed:
             return TierHealth(ok=False, reason="closed")
         if self.fail_all:
             return TierHealth(ok=False, reason=self.fail_all)
         return TierHealth(ok=True)
 
-    def stats(self) -> dict[str, float]:
-        out = dict(self._stats)
-        out.update(
+    def tier_stats(self) -> TierStats:
+        common = {k: v for k, v in self._stats.items() if k in _COMMON}
+        return TierStats(
+            **common,
             used_bytes=float(len(self._records) * self.memory.slot_bytes),
             capacity_bytes=float(self.capacity_bytes),
             records=float(len(self._records)),
             jobs_in_flight=float(len(self._jobs)),
+            extra={k: v for k, v in self._stats.items() if k not in _COMMON},
         )
-        return out
 
     def scan(self) -> Iterator[ScannedBlock]:
         size = self.memory.slot_bytes
         return iter([ScannedBlock(key, size, 0.0) for key in self._records])
 
     def close(self) -> None:
-        if self._closed:
+        if self._runtime.closed:
             return
-        self._done.extend(self._complete(pending, cancelled=True) for pending in self._jobs)
-        self._jobs = []
-        self._closed = True
+        jobs, self._jobs = self._jobs, []
+        for pending in jobs:
+            self._complete(pending, cancelled=True)
+        self._runtime.close(0)
 
+
+_COMMON = frozenset(TierStats.names())
 
 __all__ = ["MemoryTier"]

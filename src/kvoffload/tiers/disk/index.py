@@ -103,6 +103,32 @@ class DiskIndex:
         self.used_bytes += nbytes
         self.policy.insert(key, entry.status)
 
+    def rebuild(
+        self,
+        found: list[tuple[int, OffloadKey, int]],
+        slots: int,
+        free: list[int],
+        skipped: Collection[int],
+        nbytes: int,
+    ) -> list[int]:
+        """Fill an empty index from a restart scan: ``found`` records as ``(written_ns, key,
+        slot)``, oldest first into the policy; ``slots`` the arena's slots, ``free`` the empty
+        ones, ``skipped`` the unreadable ones (kept out of use). A key found twice (a crash
+        between two writes) keeps its newest record; returns the older records' slots, which
+        the caller erases (they are free here already)."""
+        stale: list[int] = []
+        for written_ns, key, slot in sorted(found):
+            if key in self._entries:
+                old = self.remove_ready(key)
+                if old is not None:
+                    stale.append(old.slot)
+                    free.append(old.slot)
+            self.add_ready(key, slot, nbytes, written_ns)
+        self.set_high_water(slots, free)
+        for _ in skipped:
+            self.retire_slot(nbytes)
+        return stale
+
     def adopt_policy(self, restored: CachePolicy) -> None:
         """Replace the policy by ``restored`` (a saved state of it), reconciled with the index.
 

@@ -1,0 +1,421 @@
+"""The Redis tier's record I/O: a job's puts, gets and deletes as commands and verdicts.
+
+Records are encoded from and verified into host slots (``records``), sent as pipelined
+``SET NX`` / ``PEXPIRE`` + ``GETRANGE`` or straight over a pooled socket (``wire``), in pieces
+of at most ``max_pipeline_bytes``; each answer becomes a per-key verdict and a cached
+presence.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from kvoffload.keys import OffloadKey
+from kvoffload.tiers.base import JobKind, Presence, SlotMemory, TierResult
+from kvoffload.tiers.redis.records import RecordCodec, RecordError
+from kvoffload.tiers.redis.transport import RedisTransport, _reason_of
+
+logger = logging.getLogger(__name__)
+
+try:
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    from kvoffload.tiers.redis import wire
+except ImportError:  # pragma: no cover - only without the [redis] extra
+    pass
+
+#: Where a job's bytes and seconds are counted, by kind (a delete's are this tier's own).
+_BYTES = {JobKind.PUT: "bytes_written", JobKind.GET: "bytes_read", JobKind.DELETE: "delete_bytes"}
+_SECONDS = {
+    JobKind.PUT: "write_seconds",
+    JobKind.GET: "read_seconds",
+    JobKind.DELETE: "delete_seconds",
+}
+
+
+class RedisRecordIO(RedisTransport):
+    """A job's records on the server (a base of ``RedisTier``)."""
+
+    _local: threading.local
+    _verdicts: collections.OrderedDict[bytes, tuple[Presence, float]]
+    codec: RecordCodec
+    max_pipeline_bytes: int
+    memory: SlotMemory
+    negative_ttl_s: float
+    verdict_cache_entries: int
+    verdict_ttl_s: float
+
+    def _name(self, key: bytes) -> bytes:
+        return self._key_prefix + key.hex().encode()
+
+    def _remember(
+        self, key: bytes, presence: Presence, now: float, ttl: float | None = None
+    ) -> None:
+        """Cache a verdict (lock held), for ``ttl`` seconds (default: by its kind)."""
+        if ttl is None:
+            ttl = self.verdict_ttl_s if presence is Presence.HIT else self.negative_ttl_s
+        self._verdicts[key] = (presence, now + ttl)
+        self._verdicts.move_to_end(key)
+        while len(self._verdicts) > self.verdict_cache_entries:
+            self._verdicts.popitem(last=False)
+
+    def _pieces(self, count: int, per_item: int) -> Iterator[range]:
+        step = max(1, self.max_pipeline_bytes // max(per_item, 1))
+        for start in range(0, count, step):
+            yield range(start, min(count, start + step))
+
+    def _run_put(
+        self, job_id: int, keys: list[OffloadKey], slots: list[int], generation: int
+    ) -> TierResult:
+        started = time.perf_counter()
+        ok = [False] * len(keys)
+        reasons: dict[int, str] = {}
+        written = 0
+        px = self.ttl_ms or None
+        for piece in self._pieces(len(keys), self.memory.slot_bytes):
+            names = [self._name(keys[i]) for i in piece]
+            if self._direct is not None:
+                answers = self._direct_exchange(
+                    len(piece),
+                    functools.partial(
+                        self._send_records,
+                        names=names,
+                        keys=[keys[i] for i in piece],
+                        slots=[slots[i] for i in piece],
+                        px=px,
+                    ),
+                )
+            else:
+                buffers = self._record_buffers(len(piece))
+                records = {
+                    name: self.codec.encode_into(buf, keys[i], self.memory.slot_view(slots[i]))
+                    for name, i, buf in zip(names, piece, buffers, strict=False)
+                }
+                answers = self._pipelined(
+                    names, functools.partial(_set_absent, records=records, px=px)
+                )
+            taken = [
+                i
+                for i, answer in zip(piece, answers, strict=True)
+                if not answer and not isinstance(answer, BaseException)
+            ]
+            unreadable = self._check_taken([keys[i] for i in taken])
+            now = time.monotonic()
+            with self._lock:
+                for i, answer in zip(piece, answers, strict=True):
+                    if isinstance(answer, BaseException):
+                        reasons[i] = _reason_of(answer)
+                        continue
+                    if answer:
+                        ok[i] = True
+                        written += self.memory.slot_bytes
+                        self._stats["stored"] += 1
+                        self._remember(keys[i], Presence.HIT, now)
+                    elif keys[i] in unreadable:  # NX found a name we cannot read back
+                        reasons[i] = unreadable[keys[i]]
+                        ttl = self.verdict_ttl_s if reasons[i] == "name_taken" else None
+                        self._remember(keys[i], Presence.MISS, now, ttl)  # EXISTS says HIT
+                    else:  # NX: another writer (or an earlier put) stored it already
+                        ok[i] = True
+                        self._stats["records_existing"] += 1
+                        self._remember(keys[i], Presence.HIT, now)
+        return self._result(job_id, JobKind.PUT, keys, ok, generation, written, started, reasons)
+
+    def _check_taken(self, keys: list[OffloadKey]) -> dict[OffloadKey, str]:
+        """Of ``keys`` whose ``SET NX`` found the name taken, those we could not read back,
+        each with its reason: ``name_taken`` (another value type, another secret's or
+        namespace's record, junk, another slot size, gone since) or why the check failed.
+
+        Why read it: ``NX`` says only that the name exists. A put is a success when what sits
+        there is a record this tier would serve (the same block, from another writer); the
+        check costs one bounded read, and only for puts that found their name taken.
+        """
+        if not keys:
+            return {}
+        limits = {self._name(key): self._record_bytes(key) for key in keys}
+        answers = self._pipelined(
+            list(limits), lambda pipe, name: pipe.getrange(name, 0, limits[name])
+        )
+        out: dict[OffloadKey, str] = {}
+        for key, answer in zip(keys, answers, strict=True):
+            if isinstance(answer, BaseException):
+                if "WRONGTYPE" not in str(answer):
+                    out[key] = _reason_of(answer)
+                    continue
+                error: Exception = RecordError("name_taken", "a value of another type")
+            else:
+                try:
+                    if not answer:
+                        raise RecordError("name_taken", "gone since the put found it")
+                    if len(answer) > self._record_bytes(key):
+                        raise RecordError("name_taken", "a value longer than our record")
+                    payload = self.codec.payload_of(key, memoryview(answer))
+                    if len(payload) != self.memory.slot_bytes:
+                        raise RecordError("name_taken", f"a {len(payload)}-byte payload")
+                    continue
+                except RecordError as exc:
+                    error = exc
+            out[key] = "name_taken"
+            logger.warning("redis tier: put of %s found its name taken (%s)", key.hex(), error)
+        return out
+
+    def _send_records(
+        self,
+        conn: Any,
+        *,
+        names: list[bytes],
+        keys: list[OffloadKey],
+        slots: list[int],
+        px: int | None,
+    ) -> list[Any]:
+        """``SET name record NX [PX px]`` for each record on ``conn``; one answer per record.
+
+        Each record's header is built (and its payload hashed) just before it is sent, so the
+        next one is hashed while the kernel and the server move this one; the payload is sent
+        from its slot, never copied (the slot stays unchanged until the job is polled).
+        """
+        tail = b""
+        for n, (name, key, slot) in enumerate(zip(names, keys, slots, strict=True)):
+            payload = self.memory.slot_view(slot)
+            header = self.codec.header(key, payload)
+            head = tail + wire.set_head(name, len(header) + len(payload), px is not None)
+            conn.send_packed_command([head + header, payload], check_health=n == 0)
+            tail = wire.set_tail(px)
+        conn.send_packed_command([tail], check_health=False)
+        replies = wire.Replies(conn._sock)
+        answers = [replies.reply() for _ in names]
+        if replies.buffered:
+            raise RedisConnectionError("Protocol error: data after the last reply")
+        return answers
+
+    def _fetch_records(
+        self,
+        conn: Any,
+        *,
+        names: list[bytes],
+        keys: list[OffloadKey],
+        slots: list[int],
+        px: int,
+    ) -> list[Any]:
+        """``PEXPIRE name PX px`` (none without a TTL) and ``GETRANGE name 0 <record bytes>``
+        for each name on ``conn``: one outcome per record (see :meth:`_outcome`), each verified
+        and copied as soon as it has arrived. No reply is received beyond one byte over the
+        record's size: a longer bulk length is a protocol error, before its bytes are read."""
+        limits = [self._record_bytes(key) for key in keys]
+        conn.send_packed_command(
+            [
+                b"".join(
+                    wire.get_command(name, px, limit)
+                    for name, limit in zip(names, limits, strict=True)
+                )
+            ]
+        )
+        replies = wire.Replies(conn._sock)
+        buffer = self._get_buffer()
+        allowed = 0
+
+        def buffer_for(size: int) -> memoryview:
+            if size > allowed:
+                raise RedisConnectionError(
+                    f"Protocol error: {size} bytes for a GETRANGE of at most {allowed}"
+                )
+            return buffer[:size] if size <= len(buffer) else memoryview(bytearray(size))
+
+        outcomes: list[Any] = []
+        for key, slot, limit in zip(keys, slots, limits, strict=True):
+            refreshed = replies.reply() if px else None
+            allowed = limit + 1
+            answer = replies.reply(buffer_for)
+            if isinstance(refreshed, Exception):  # the command failed (its range is moot)
+                answer = refreshed
+            elif not (answer is None or isinstance(answer, (memoryview, Exception))):
+                raise RedisConnectionError(f"Protocol error: {type(answer).__name__} for GETRANGE")
+            outcomes.append(self._outcome(key, slot, answer))
+        if replies.buffered:
+            raise RedisConnectionError("Protocol error: data after the last reply")
+        return outcomes
+
+    def _record_bytes(self, key: bytes) -> int:
+        """The size of ``key``'s record: no value under its name is received past one byte
+        more (see :func:`wire.get_command`)."""
+        return self.codec.header_bytes(key) + self.memory.slot_bytes
+
+    def _outcome(self, key: OffloadKey, slot: int, answer: Any) -> Any:
+        """What a ``GETRANGE`` answer means: ``True`` (verified, copied into ``slot``), ``None``
+        (missing: the empty string of an absent name), a :class:`RecordError`, or the
+        exception object of a failed command."""
+        if isinstance(answer, (bytes, bytearray, memoryview)):
+            return self._load(key, slot, answer) if len(answer) else None
+        if answer is None or isinstance(answer, BaseException):
+            return answer
+        return RecordError("corrupt", f"a {type(answer).__name__} reply to GETRANGE")
+
+    def _get_buffer(self) -> memoryview:
+        """This thread's reusable receive buffer, one record of the largest key."""
+        buffer: memoryview | None = getattr(self._local, "get_buffer", None)
+        if buffer is None:
+            size = self.codec.header_bytes(bytes(64)) + self.memory.slot_bytes
+            buffer = self._local.get_buffer = memoryview(bytearray(size))
+        return buffer
+
+    def _load(self, key: OffloadKey, slot: int, record: bytes | bytearray | memoryview) -> Any:
+        """Verify ``record`` and copy its payload into ``slot``: ``True``, or the
+        :class:`RecordError` that says why it must not be served (the slot is untouched)."""
+        try:
+            if len(record) > self._record_bytes(key):  # a range cut at one byte over
+                self.codec.check_header(key, memoryview(record))
+                raise RecordError(  # ours but for another slot size: some other reader's
+                    "oversized", f"a value longer than the {self._record_bytes(key)}-byte record"
+                )
+            payload = self.codec.payload_of(key, memoryview(record))
+            view = self.memory.slot_view(slot)
+            if len(payload) != len(view):
+                raise RecordError(
+                    "foreign", f"{len(payload)} payload bytes for a {len(view)}-byte slot"
+                )
+            view[:] = payload
+        except RecordError as exc:
+            return exc
+        return True
+
+    def _record_buffers(self, count: int) -> list[bytearray]:
+        """This thread's reusable record buffers (no 2 MiB allocation and free per record)."""
+        buffers: list[bytearray] | None = getattr(self._local, "buffers", None)
+        if buffers is None:
+            buffers = self._local.buffers = []
+        size = self.codec.header_bytes(bytes(64)) + self.memory.slot_bytes
+        while len(buffers) < count:
+            buffers.append(bytearray(size))
+        return buffers[:count]
+
+    def _run_get(
+        self, job_id: int, keys: list[OffloadKey], slots: list[int], generation: int
+    ) -> TierResult:
+        started = time.perf_counter()
+        ok = [False] * len(keys)
+        reasons: dict[int, str] = {}
+        read = 0
+        bad: list[bytes] = []
+        px = self.ttl_ms
+        limits = {self._name(key): self._record_bytes(key) for key in keys}
+
+        def fetch(pipe: Any, name: bytes) -> object:
+            if px:
+                pipe.pexpire(name, px)
+            return pipe.getrange(name, 0, limits[name])
+
+        for piece in self._pieces(len(keys), self.memory.slot_bytes):
+            names = [self._name(keys[i]) for i in piece]
+            if self._direct is not None:
+                outcomes = self._direct_exchange(
+                    len(piece),
+                    functools.partial(
+                        self._fetch_records,
+                        names=names,
+                        keys=[keys[i] for i in piece],
+                        slots=[slots[i] for i in piece],
+                        px=px,
+                    ),
+                )
+            else:
+                answers = self._pipelined(names, fetch, 2 if px else 1)
+                outcomes = [
+                    self._outcome(keys[i], slots[i], answer)
+                    for i, answer in zip(piece, answers, strict=True)
+                ]
+            now = time.monotonic()
+            dropped: list[tuple[OffloadKey, RecordError]] = []
+            with self._lock:  # one acquisition a piece, not one a record
+                for i, outcome in zip(piece, outcomes, strict=True):
+                    if outcome is True:
+                        ok[i] = True
+                        read += self.memory.slot_bytes
+                        self._stats["hits"] += 1
+                        self._remember(keys[i], Presence.HIT, now)
+                    elif isinstance(outcome, RecordError):
+                        reasons[i] = outcome.reason
+                        dropped.append((keys[i], outcome))
+                        self._stats[f"rejected_{outcome.reason}"] += 1
+                        if outcome.garbage:
+                            bad.append(keys[i])
+                            self._remember(keys[i], Presence.MISS, now)
+                        else:  # another secret's or slot size's: left alone, and trusted to
+                            # stay unreadable for as long as a hit is (EXISTS would say HIT
+                            # and the next get would move the same record again)
+                            self._remember(keys[i], Presence.MISS, now, self.verdict_ttl_s)
+                    elif outcome is None:  # expired or evicted since the lookup: a miss, no retry
+                        reasons[i] = "missing"
+                        self._stats["misses"] += 1
+                        self._remember(keys[i], Presence.MISS, now)
+                    else:  # an exception object: the command failed
+                        reasons[i] = _reason_of(outcome)
+            for key, error in dropped:
+                logger.warning("redis tier: dropped record %s (%s)", key.hex(), error)
+        if bad:
+            answers = self._pipelined([self._name(k) for k in bad], lambda p, n: p.delete(n))
+            with self._lock:
+                self._stats["records_deleted_bad"] += sum(a == 1 for a in answers)
+        return self._result(job_id, JobKind.GET, keys, ok, generation, read, started, reasons)
+
+    def _run_delete(self, job_id: int, keys: list[OffloadKey], generation: int) -> TierResult:
+        started = time.perf_counter()
+        ok = [False] * len(keys)
+        reasons: dict[int, str] = {}
+        answers = self._pipelined([self._name(k) for k in keys], lambda p, n: p.delete(n))
+        now = time.monotonic()
+        with self._lock:
+            for i, answer in enumerate(answers):
+                if isinstance(answer, BaseException):
+                    reasons[i] = _reason_of(answer)
+                    continue
+                ok[i] = bool(answer)
+                if answer:
+                    self._stats["deletes"] += 1
+                else:
+                    reasons[i] = "missing"
+                self._remember(keys[i], Presence.MISS, now)
+        return self._result(job_id, JobKind.DELETE, keys, ok, generation, 0, started, reasons)
+
+    def _result(
+        self,
+        job_id: int,
+        kind: JobKind,
+        keys: list[OffloadKey],
+        ok: list[bool],
+        generation: int,
+        nbytes: int,
+        started: float,
+        reasons: dict[int, str],
+    ) -> TierResult:
+        seconds = time.perf_counter() - started
+        with self._lock:
+            self._stats[_BYTES[kind]] += nbytes
+            self._stats[_SECONDS[kind]] += seconds  # type: ignore[assignment]
+            for reason in reasons.values():
+                self._stats[f"{kind.value}_failed_{reason}"] += 1
+        return TierResult(
+            job_id=job_id,
+            kind=kind,
+            keys=tuple(keys),
+            ok=tuple(ok),
+            generation=generation,
+            nbytes=nbytes,
+            seconds=seconds,
+            reasons=reasons,
+        )
+
+
+def _set_absent(
+    pipe: Any, name: bytes, *, records: dict[bytes, memoryview], px: int | None
+) -> object:
+    """Queue ``SET name record NX [PX px]``: never overwrite, one round trip."""
+    return pipe.set(name, records[name], nx=True, px=px)
+
+
+__all__ = ["RedisRecordIO"]
