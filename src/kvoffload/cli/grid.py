@@ -52,6 +52,7 @@ class Grid:
 def run_grid(args: argparse.Namespace, default_caps: str) -> Grid:
     """Check every input and output first, then replay the grid."""
     output.check_outputs(args.output, args.plot)
+    output.check_outputs([args.windows_output] if args.windows_output else None, None)
     if args.workers is not None and args.workers < 1:
         raise UserError(f"--workers must be >= 1, got {args.workers}")
     trace = inputs.load_input(args)
@@ -60,6 +61,8 @@ def run_grid(args: argparse.Namespace, default_caps: str) -> Grid:
     tiered = inputs.tier_capacities(args, trace)
     capacities = tiered if tiered is not None else inputs.capacities(args, trace, default_caps)
     with_bounds = not args.no_bounds and tiered is None  # bounds are single-tier
+    if tiered is not None and options.measure.active:
+        raise UserError("--tiers replays report whole-trace figures: drop --warmup-*/--window-s")
     progress = progress_bar(not args.no_progress)
     state: dict[str, Any] = {}
 
@@ -123,6 +126,7 @@ def report(args: argparse.Namespace, grid: Grid) -> int:
         output.print_rich(*items)
     title = (args.trace and args.trace.rsplit("/", 1)[-1]) or "generated workload"
     errors = output.write_outputs(args.output, args.plot, record, sweep, title, args.timing)
+    errors += output.write_windows(args.windows_output, args.plot, sweep.results, title)
     for line in errors:
         print(f"kvoffload: error: {line}", file=sys.stderr)
     return 1 if errors else 0
