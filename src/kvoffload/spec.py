@@ -28,7 +28,7 @@ from kvoffload._checks import check_bool, check_int
 from kvoffload.admission import check_store_threshold
 from kvoffload.keys import namespace_fingerprint
 from kvoffload.layout import KVCacheLayout, slots_for_budget
-from kvoffload.manager import CPUOffloadingManager, OffloadingManager
+from kvoffload.manager import CPUOffloadingManager, OffloadingManager, TraceRecorder
 from kvoffload.registry import Registry
 from kvoffload.tiers.config import TierConfig, build_tiers, parse_tiers
 
@@ -99,6 +99,10 @@ class OffloadingConfig:
             tier's keys (:mod:`kvoffload.tiers.config`); checked into
             :class:`~kvoffload.tiers.config.TierConfig` entries. With tiers the manager is a
             :class:`~kvoffload.tiers.manager.TieringManager` (``world_size`` must be 1).
+        record_trace: record every request the manager sees into this JSONL file (a
+            :class:`~kvoffload.manager.recorder.TraceRecorder`; ``kvoffload simulate
+            --block-tokens <tokens per chunk>`` replays it); rotates at
+            ``record_trace_max_bytes``.
     """
 
     cpu_bytes_to_use: int
@@ -120,6 +124,8 @@ class OffloadingConfig:
     staging_bytes: int = 128 << 20
     pin_memory: bool | None = None
     tiers: Sequence[TierConfig] = ()
+    record_trace: str | None = None
+    record_trace_max_bytes: int = 256 << 20
 
     def __post_init__(self) -> None:
         budget = self.cpu_bytes_to_use
@@ -149,6 +155,8 @@ class OffloadingConfig:
         _check_bool("offload_prompt_only", self.offload_prompt_only)
         _check_int("max_recompute_pending_tokens", self.max_recompute_pending_tokens, 0)
         _check_int("world_size", self.world_size, 1)
+        _check_str("record_trace", self.record_trace, optional=True)
+        _check_int("record_trace_max_bytes", self.record_trace_max_bytes, 1)
         _check_int("staging_bytes", self.staging_bytes, 1)
         _check_bool("pin_memory", self.pin_memory, optional=True)
         object.__setattr__(self, "tiers", parse_tiers(self.tiers))
@@ -301,6 +309,14 @@ class CPUOffloadingSpec(OffloadingSpec):
                 skip_partial_tail=c.skip_partial_tail,
                 partial_store=c.partial_store,
             )
+            if c.record_trace is not None:
+                cpu.set_recorder(
+                    TraceRecorder(
+                        c.record_trace,
+                        block_tokens=self.tokens_per_chunk(),
+                        max_bytes=c.record_trace_max_bytes,
+                    )
+                )
             if not c.tiers:
                 self._manager = cpu
             else:
