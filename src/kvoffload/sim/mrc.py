@@ -32,15 +32,18 @@ from __future__ import annotations
 import math
 import statistics
 import time
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from itertools import chain
 from typing import Any
 
+from kvoffload.context import ReqContext
 from kvoffload.keys import OffloadKey, int_key
-from kvoffload.policies.shadow import ShadowEvaluator, sample_hash
+from kvoffload.policies.shadow import ShadowEvaluator, sample_hash, sampling_rate
 from kvoffload.sim.capacity import Capacity
-from kvoffload.sim.records import Trace
-from kvoffload.sim.replay import PolicySpec, ReplayOptions, make_context, replay
+from kvoffload.sim.records import Trace, TraceRequest
+from kvoffload.sim.replay import PolicySpec, ReplayOptions, _repeat_free_segments, replay
 from kvoffload.sim.stack_distance import COLD, stack_distances, stack_distances_fenwick
 from kvoffload.sim.windows import Measure, request_windows
 
@@ -168,28 +171,34 @@ def _exact_numpy(
 ) -> dict[str, Any]:
     import numpy as np
 
-    ids, owner, tokens = _flat(trace)
-    n = len(ids)
-    distances = stack_distances(np.asarray(ids, dtype=np.int64))
-    owner_a = np.asarray(owner, dtype=np.int64)
-    del ids, owner
-    tokens_a = np.asarray(tokens, dtype=np.int64)
-    del tokens
+    requests = trace.requests
+    n = trace.block_accesses
+    lengths = np.fromiter((len(r.block_ids) for r in requests), np.int64, len(requests))
+    ids = np.fromiter(chain.from_iterable(r.block_ids for r in requests), np.int64, n)
+    distances = stack_distances(ids)
+    del ids
     big = n + 1
-    d = np.where(distances == COLD, big, distances)
+    small = np.int32 if big + 1 < 2**31 else np.int64
+    d = np.where(distances == COLD, big, distances).astype(small)
     del distances
+    owner = np.repeat(np.arange(len(requests), dtype=np.int64), lengths)
     # Running maximum of the distance within each request: offset each request so one
     # cumulative maximum over the whole array never crosses a request boundary.
-    running = np.maximum.accumulate(d + owner_a * (big + 1)) - owner_a * (big + 1)
-    caps_a = np.asarray(caps, dtype=np.int64)
-    k = len(caps) + 1
-    win_of_request = np.asarray(req_window, dtype=np.int64)
-    win = win_of_request[owner_a]
-    keep = win >= 0
-    lengths = np.asarray([len(r.block_ids) for r in trace.requests], dtype=np.int64)
+    offset = owner * (big + 1)
+    running = (np.maximum.accumulate(d + offset) - offset).astype(small)
+    del offset
     ends = np.cumsum(lengths) - 1
     starts = ends - lengths + 1
     nonempty = lengths > 0
+    tokens = np.full(n, trace.block_tokens, dtype=np.int64)
+    last = np.fromiter((r.last_block_tokens for r in requests), np.int64, len(requests))
+    tokens[ends[nonempty]] = last[nonempty]
+    caps_a = np.asarray(caps, dtype=np.int64)
+    k = len(caps) + 1
+    win_of_request = np.asarray(req_window, dtype=np.int64)
+    win = win_of_request[owner]
+    del owner
+    keep = win >= 0
 
     def hist(values: Any, where: Any, wins: Any, weights: Any = None) -> Any:
         bucket = np.searchsorted(caps_a, values[where], side="right")
@@ -203,19 +212,16 @@ def _exact_numpy(
     out: dict[str, Any] = {
         "block_hits": hist(d, keep, win),
         "prefix_hit_blocks": hist(running, keep, win),
-        "token_hits": hist(running, keep, win, tokens_a),
+        "token_hits": hist(running, keep, win, tokens),
         "accesses": np.bincount(win[keep], minlength=windows),
-        "tokens": np.bincount(win[keep], weights=tokens_a[keep], minlength=windows),
+        "tokens": np.bincount(win[keep], weights=tokens[keep], minlength=windows),
     }
-    req_keep = (win_of_request >= 0) & nonempty
-    out["requests_full_hit"] = hist(
-        running[ends[nonempty]], req_keep[nonempty], win_of_request[nonempty]
-    )
-    out["requests_any_hit"] = hist(
-        d[starts[nonempty]], req_keep[nonempty], win_of_request[nonempty]
-    )
+    req_keep = (win_of_request >= 0)[nonempty]
+    req_win = win_of_request[nonempty]
+    out["requests_full_hit"] = hist(running[ends[nonempty]], req_keep, req_win)
+    out["requests_any_hit"] = hist(d[starts[nonempty]], req_keep, req_win)
     out["requests"] = np.bincount(win_of_request[win_of_request >= 0], minlength=windows)
-    return {key: value.tolist() for key, value in out.items()}
+    return {key: value.astype(np.int64).tolist() for key, value in out.items()}
 
 
 def _exact_python(
@@ -423,32 +429,68 @@ def replayed_curve(
 
 
 # --------------------------------------------------------------------------- sampled
-def _salted_keys(unique: int, salt: int) -> list[OffloadKey]:
+@dataclass
+class _Draw:
+    """One spatial sample of the trace's blocks: the sampled accesses of each request that
+    has any, with their keys (the other blocks never get a key object: bounded memory)."""
+
+    suffix: bytes
+    hashes: array[int]  # each block id's sampling hash
+    requests: list[tuple[int, list[int]]]  # (request index, positions of sampled blocks)
+    keys: dict[int, OffloadKey]
+
+
+def _draw(trace: Trace, salt: int, threshold: int) -> _Draw:
+    """The accesses whose block hashes below ``threshold`` (keys salted with ``salt``)."""
     suffix = b"" if salt == 0 else bytes([salt])
-    return [OffloadKey(int_key(i) + suffix) for i in range(unique)]
+    hashes = array("I", (sample_hash(int_key(i) + suffix) for i in range(trace.num_unique_blocks)))
+    requests = []
+    for index, request in enumerate(trace.requests):
+        positions = [t for t, i in enumerate(request.block_ids) if hashes[i] < threshold]
+        if positions:
+            requests.append((index, positions))
+    keys = {
+        i: OffloadKey(int_key(i) + suffix)
+        for i in range(trace.num_unique_blocks)
+        if hashes[i] < threshold
+    }
+    return _Draw(suffix, hashes, requests, keys)
 
 
-def _request_min_hash(trace: Trace, keys: list[OffloadKey]) -> list[int]:
-    """Each request's smallest sampling hash: it has a sampled block iff that is below the
-    threshold, so a request with none is counted without hashing it again."""
-    hashes = [sample_hash(key) for key in keys]
-    return [min(map(hashes.__getitem__, r.block_ids), default=1 << 32) for r in trace.requests]
+def _sampled_context(
+    request: TraceRequest, positions: list[int], keys: list[OffloadKey], block_tokens: int
+) -> ReqContext:
+    """:func:`~kvoffload.sim.replay.make_context` for the sampled blocks only."""
+    n = len(request.block_ids)
+    partial = request.last_block_tokens < block_tokens
+    last_sampled = bool(positions) and positions[-1] == n - 1
+    ctx = ReqContext(
+        req_id=request.req_id,
+        session_id=request.session_id,
+        category=request.category,
+        timestamp=request.timestamp_s,
+        num_blocks=n,
+        partial_tail_key=keys[-1] if partial and last_sampled else None,
+        prompt_tokens=request.input_tokens,
+    )
+    for t, key in zip(positions, keys, strict=True):
+        ctx.set_offload_key_position(key, (t + 1) * block_tokens)
+    if partial and last_sampled:
+        ctx.set_offload_key_position(keys[-1], request.input_tokens)
+    return ctx
 
 
 def _sampled_once(
     trace: Trace,
     policies: Sequence[PolicySpec],
     capacity: int,
-    keys: list[OffloadKey],
-    min_hash: list[int],
+    draw: _Draw,
     mode: str,
     sample_rate: float,
     min_blocks: int,
     measure_from: int,
 ) -> tuple[dict[str, float], float]:
     """One sample's estimates at one capacity (every policy on the same sampled keys)."""
-    from kvoffload.sim.replay import _repeat_free_segments
-
     candidates = [(spec.name, dict(spec.params)) for spec in policies]
     shadow = ShadowEvaluator(
         capacity,
@@ -459,27 +501,38 @@ def _sampled_once(
         protocol="blocks" if mode == "blocks" else "requests",
     )
     threshold = shadow.threshold
-    bt = trace.block_tokens
+    hashes, keys, bt = draw.hashes, draw.keys, trace.block_tokens
+    requests = trace.requests
     measured_hits: list[int] | None = None
     measured_from_accesses = 0
-    for index, request in enumerate(trace.requests):
-        if index == measure_from:
+    picked_total = 0
+    for index, positions in draw.requests:
+        if measured_hits is None and index >= measure_from > 0:
             measured_hits = [e.hits for e in shadow.estimates().values()]
             measured_from_accesses = shadow.accesses
-        request_keys = [keys[i] for i in request.block_ids]
-        if min_hash[index] >= threshold:
-            shadow.offered(len(request_keys))
+        request = requests[index]
+        ids = request.block_ids
+        picked = [t for t in positions if hashes[ids[t]] < threshold]
+        if not picked:
             continue
-        segments = _repeat_free_segments(request_keys) if mode == "blocks" else [request_keys]
+        picked_total += len(picked)
+        request_keys = [keys[ids[t]] for t in picked]
+        ctx = _sampled_context(request, picked, request_keys, bt)
+        if mode == "blocks":
+            segments = _repeat_free_segments(request_keys)
+        else:
+            segments = [list(dict.fromkeys(request_keys))]
         for segment in segments:
-            if mode != "blocks" and len(set(segment)) != len(segment):
-                segment = list(dict.fromkeys(segment))
-            ctx = make_context(request, request_keys, bt)
             shadow.record(segment, ctx)
-            ctx.output_tokens = request.output_tokens
-            shadow.request_finished(ctx)
+        ctx.output_tokens = request.output_tokens
+        shadow.request_finished(ctx)
+    # The accesses no miniature saw still count towards the expected sample size.
+    shadow.offered(trace.block_accesses - picked_total)
+    if measured_hits is None and measure_from > 0:  # no sampled request after the warm-up
+        measured_hits = [e.hits for e in shadow.estimates().values()]
+        measured_from_accesses = shadow.accesses
     estimates = shadow.estimates()
-    if measure_from <= 0 or measured_hits is None:
+    if measured_hits is None:
         return {name: est.hit_ratio for name, est in estimates.items()}, shadow.rate
     # After a warm-up: the plain ratio of the measured part (the draw correction is a
     # whole-run regression; over the measured part alone it is not defined).
@@ -520,18 +573,25 @@ def sampled_curve(
         for r in measured
         if r.block_ids
     )
-    samples: list[tuple[list[OffloadKey], list[int]]] = []
+    # One draw per salt, at the highest rate any capacity needs (each capacity's miniature
+    # keeps the blocks below its own threshold), held one at a time.
+    thresholds = [
+        min(1 << 32, int(sampling_rate(c.blocks, sample_rate, min_blocks) * (1 << 32)))
+        for c in capacities
+    ]
+    top = max(thresholds, default=0)
+    runs_by_cap: list[list[tuple[dict[str, float], float]]] = [[] for _ in capacities]
     for salt in range(salts):
-        keys = _salted_keys(trace.num_unique_blocks, salt)
-        samples.append((keys, _request_min_hash(trace, keys)))
-    points: list[CurvePoint] = []
-    for cap in capacities:
-        runs = [
-            _sampled_once(
-                trace, policies, cap.blocks, keys, mins, mode, sample_rate, min_blocks, first
+        draw = _draw(trace, salt, top)
+        for j, cap in enumerate(capacities):
+            runs_by_cap[j].append(
+                _sampled_once(
+                    trace, policies, cap.blocks, draw, mode, sample_rate, min_blocks, first
+                )
             )
-            for keys, mins in samples
-        ]
+        del draw
+    points: list[CurvePoint] = []
+    for cap, runs in zip(capacities, runs_by_cap, strict=True):
         rate = runs[0][1]
         for spec in policies:
             name = _label(spec)

@@ -98,7 +98,7 @@ def earlier_greater(values: Any) -> Any:
     values = np.asarray(values)
     k = len(values)
     index = np.int32 if k < 2**31 else np.int64
-    out = np.zeros(k, dtype=np.int64)
+    out = np.zeros(k, dtype=index)
     if k < 2:
         return out
     bits = int(values.max()).bit_length()
@@ -133,10 +133,12 @@ def earlier_greater(values: Any) -> Any:
 def stack_distances(ids: Any) -> Any:
     """Each access's LRU stack distance (``COLD`` for a first access), as a numpy int64 array."""
     np = _numpy()
+    ids = np.asarray(ids)
     prev = previous_access(ids)
     warm = np.flatnonzero(prev >= 0)
-    p = prev[warm].astype(np.int64)
-    distances = np.full(len(prev), COLD, dtype=np.int64)
+    p = prev[warm]
+    del prev
+    distances = np.full(len(ids), COLD, dtype=np.int64)
     distances[warm] = warm - p - 1 - earlier_greater(p)
     return distances
 
