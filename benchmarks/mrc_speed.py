@@ -74,7 +74,9 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--points", type=int, default=50)
     parser.add_argument("--check", type=int, default=5, help="exact capacities checked in full")
-    parser.add_argument("--full", default="lru,arc,s3fifo", help="policies checked in full")
+    parser.add_argument(
+        "--full", default="lru,arc,s3fifo", help="policies checked in full ('': none)"
+    )
     parser.add_argument("--full-capacities", default="2%,10%,30%")
     parser.add_argument("--sample-rate", type=float, default=0.01)
     parser.add_argument("--sample-blocks", type=int, default=256)
@@ -139,7 +141,7 @@ def main() -> int:
     estimates = {(p.policy, p.capacity): p for p in sampled.points}
     errors = []
     full_caps = parse_capacities(args.full_capacities, trace.num_unique_blocks, trace.block_tokens)
-    for name in args.full.split(","):
+    for name in [p for p in args.full.split(",") if p]:
         for cap in full_caps:
             full = timed(
                 f"replay_{name}_{cap.label}",

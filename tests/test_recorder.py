@@ -72,7 +72,7 @@ def test_files_rotate_by_size_and_the_oldest_go(tmp_path: Path) -> None:
     for name in files:
         assert name.stat().st_size <= 20_000
         for line in name.read_text().splitlines():
-            assert json.loads(line)["hash_ids"]
+            assert json.loads(line)["keys_hex"]
     assert recorder.written == 200
 
 
@@ -143,3 +143,21 @@ def test_keys_of_mixed_lengths_and_unicode_hints_are_written_exactly(tmp_path: P
     assert record["hash_ids"] == ["0102", "03", "ffffff"]  # the repeat written once
     assert record["request_id"] == 'é"1' and record["session_id"] == "会话"
     assert record["timestamp"] == 2.5 and record["input_length"] == 9
+
+
+def test_the_keys_hex_format_reads_each_key_once(tmp_path: Path) -> None:
+    from kvoffload.sim.traces import TraceFormatError
+
+    path = tmp_path / "k.jsonl"
+    lines = [
+        {"keys_hex": "0a0b" + "0c0d" + "0a0b", "key_bytes": 2, "input_length": 5},
+        {"keys_hex": "0c0d0e0f", "key_bytes": 2, "input_length": 3, "session_id": "s"},
+    ]
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    trace = load_trace(path, block_tokens=2)
+    first, second = trace.requests
+    assert first.block_ids == [0, 1] and first.input_tokens == 4  # repeat dropped, length too
+    assert second.block_ids == [1, 2] and second.last_block_tokens == 1
+    path.write_text(json.dumps({"keys_hex": "0a0b0c", "key_bytes": 2}) + "\n")
+    with pytest.raises(TraceFormatError, match="multiple of 2 \\* key_bytes"):
+        load_trace(path)

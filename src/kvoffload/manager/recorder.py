@@ -3,10 +3,11 @@
 A manager given a recorder (``CPUOffloadingManager(..., recorder=r)``, ``set_recorder(r)``,
 or the config key ``record_trace``) hands it each request's keys as it sees them (the loaded
 prefix from ``prepare_load``, the offered rest from ``prepare_store``) and, when the request
-finishes, its hints. The recorder writes one JSON line per request in the generic
-``hash_ids`` format::
+finishes, its hints. The recorder writes one JSON line per request in the ``keys_hex``
+format (``kvoffload.sim.traces.keys_hex``; the generic ``hash_ids`` list when a request's
+keys differ in width)::
 
-    {"hash_ids": ["<key hex>", ...], "timestamp": 12.5, "input_length": 1800,
+    {"keys_hex": "<key><key>...", "key_bytes": 12, "timestamp": 12.5, "input_length": 1800,
      "output_length": 120, "request_id": "r1", "session_id": "s1", "category": "chat"}
 
 It stays off the hot path: the manager's side is a list append per call and one append to a
@@ -23,11 +24,12 @@ from __future__ import annotations
 import os
 import threading
 import time
+from binascii import hexlify
 from collections import deque
 from collections.abc import Callable, Sequence
 from json.encoder import encode_basestring_ascii as _quote  # C where available; ASCII out
 from pathlib import Path
-from typing import TextIO
+from typing import BinaryIO
 
 from kvoffload._checks import check_int
 from kvoffload.context import ReqContext
@@ -136,40 +138,42 @@ class TraceRecorder:
             return self.path
         return self.path.with_name(f"{self.path.stem}-{index}{self.path.suffix}")
 
-    def _open(self) -> TextIO:
+    def _open(self) -> BinaryIO:
         name = self._name(self._next_index)
         self._next_index += 1
         self.files.append(name)
         if self.max_files is not None and len(self.files) > self.max_files:
             oldest = self.files.pop(0)
             oldest.unlink(missing_ok=True)
-        return name.open("w", encoding="utf-8")
+        return name.open("wb")
 
-    def _line(self, entry: _Entry) -> str:
+    def _line(self, entry: _Entry) -> bytes:
         keys, req_id, started, prompt, output, session, category = entry
-        unique = keys if len(set(keys)) == len(keys) else list(dict.fromkeys(keys))
-        n = len(unique)
-        blob = b"".join(unique)
-        width = len(unique[0])
-        if len(blob) == width * n and max(map(len, unique)) == width:
-            # Keys of one length (an engine's usual case): hex the whole request in C calls.
-            ids = blob.hex(" ", -width).replace(" ", '","')
+        width = len(keys[0])
+        blob = b"".join(keys)
+        if len(blob) == width * len(keys) and max(map(len, keys)) == width:
+            # Keys of one width (an engine's usual case): one hex conversion for the request;
+            # repeats are dropped when read (the keys_hex format).
+            n = len(keys)
+            head = b'{"keys_hex":"%s","key_bytes":%d' % (hexlify(blob), width)
         else:
+            unique = list(dict.fromkeys(keys))
+            n = len(unique)
             ids = '","'.join(map(bytes.hex, unique))
-        parts = ['{"hash_ids":["', ids, '"]']
-        parts.append(f',"timestamp":{started!r}')
+            head = b'{"hash_ids":["%s"]' % ids.encode()
+        parts = [head, b',"timestamp":%r' % started]
         bt = self.block_tokens
         if prompt is not None and bt is not None and (n - 1) * bt < prompt <= n * bt:
-            parts.append(f',"input_length":{prompt}')
+            parts.append(b',"input_length":%d' % prompt)
         if output:
-            parts.append(f',"output_length":{output}')
-        parts.append(f',"request_id":{_quote(req_id)}')
+            parts.append(b',"output_length":%d' % output)
+        parts.append(b',"request_id":%s' % _quote(req_id).encode())
         if session is not None:
-            parts.append(f',"session_id":{_quote(session)}')
+            parts.append(b',"session_id":%s' % _quote(session).encode())
         if category is not None:
-            parts.append(f',"category":{_quote(category)}')
-        parts.append("}\n")
-        return "".join(parts)
+            parts.append(b',"category":%s' % _quote(category).encode())
+        parts.append(b"}\n")
+        return b"".join(parts)
 
     def _write_pending(self) -> None:
         queue = self._queue
@@ -178,7 +182,7 @@ class TraceRecorder:
             entry = queue.popleft()
             self._taken_keys += len(entry[0])
             line = self._line(entry)
-            size = len(line)  # ASCII only: characters are bytes
+            size = len(line)
             if self._size and self._size + size > self.max_bytes:
                 out.close()
                 out = self._file = self._open()
