@@ -31,7 +31,7 @@ from json.encoder import encode_basestring_ascii as _quote  # C where available;
 from pathlib import Path
 from typing import BinaryIO
 
-from kvoffload._checks import check_int
+from kvoffload._checks import check_int, check_number
 from kvoffload.context import ReqContext
 
 _Entry = tuple[list[bytes], str, float, int | None, int | None, str | None, str | None]
@@ -59,6 +59,9 @@ class TraceRecorder:
         max_pending_keys: bound of the queue, in keys; a request that would pass it is
             dropped (:attr:`dropped`).
         clock: arrival times of requests whose context has no ``timestamp``.
+        flush_interval_s: how often the writer thread wakes to write what is queued (it also
+            wakes when half of ``max_pending_keys`` is queued): rare wake-ups keep its cost
+            (thread switches, the lock of the serving thread's interpreter) off the hot path.
     """
 
     def __init__(
@@ -70,6 +73,7 @@ class TraceRecorder:
         max_files: int | None = None,
         max_pending_keys: int = 1 << 20,
         clock: Callable[[], float] = time.time,
+        flush_interval_s: float = 1.0,
     ) -> None:
         if block_tokens is not None:
             check_int("block_tokens", block_tokens, 1, or_none=True)
@@ -77,6 +81,10 @@ class TraceRecorder:
         if max_files is not None:
             check_int("max_files", max_files, 1, or_none=True)
         check_int("max_pending_keys", max_pending_keys, 1)
+        self.flush_interval_s = check_number(
+            "flush_interval_s", flush_interval_s, 0.0, 3600.0, low_open=True
+        )
+        self._high_water = max(1, max_pending_keys // 2)
         self.path = Path(path)
         self.block_tokens = block_tokens
         self.max_bytes = max_bytes
@@ -119,6 +127,8 @@ class TraceRecorder:
             self.dropped += 1
             return
         self._pending_keys += len(keys)
+        if self._pending_keys - self._taken_keys > self._high_water:
+            self._wake.set()
         self._queue.append(
             (
                 keys,
@@ -161,7 +171,9 @@ class TraceRecorder:
             n = len(unique)
             ids = '","'.join(map(bytes.hex, unique))
             head = b'{"hash_ids":["%s"]' % ids.encode()
-        parts = [head, b',"timestamp":%r' % started]
+        # Microseconds in integer arithmetic: a float's shortest repr costs several times more.
+        whole, micros = divmod(round(started * 1_000_000), 1_000_000)
+        parts = [head, b',"timestamp":%d.%06d' % (whole, micros)]
         bt = self.block_tokens
         if prompt is not None and bt is not None and (n - 1) * bt < prompt <= n * bt:
             parts.append(b',"input_length":%d' % prompt)
@@ -196,7 +208,7 @@ class TraceRecorder:
         try:
             while not self._stop.is_set():
                 self._write_pending()
-                self._wake.wait(0.05)
+                self._wake.wait(self.flush_interval_s)
                 self._wake.clear()
             self._write_pending()
         except BaseException as exc:  # reported by close(); the manager never waits on it
