@@ -8,6 +8,12 @@ machine's load affects both sides of each ratio alike.
     python benchmarks/policy_cost.py --capacity 5% --runs 3
     python benchmarks/policy_cost.py --base-loops --runs 5
 
+``--recorder`` instead measures a :class:`~kvoffload.manager.TraceRecorder` on the LRU
+manager: the same replay with and without one (CPU seconds of the whole process, the
+recorder's writer thread and its final drain included; interleaved pairs, median ratio).
+
+    python benchmarks/policy_cost.py --recorder --runs 5
+
 ``--base-loops`` instead compares each policy with itself on the base class's generic
 ``insert_many`` / ``mark_evictable_many`` loops (its ratio: base loops / its batched
 overrides). A built-in keeps a batched override only where this shows a clear gain (the
@@ -17,8 +23,12 @@ Current figures: ``docs/benchmarks.md``.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import statistics
 import sys
+import tempfile
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -55,8 +65,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="compare each policy with its twin on the base class's batched loops",
     )
+    parser.add_argument(
+        "--recorder",
+        action="store_true",
+        help="the LRU manager with a TraceRecorder against without (CPU seconds)",
+    )
     args = parser.parse_args(argv)
     trace, capacity = load_replay_trace(parser, args)
+    if args.recorder:
+        return recorder_cost(trace, capacity, args)
     policies = [p.strip() for p in args.policies.split(",") if p.strip()] or [
         row[0] for row in BUILTIN_POLICIES
     ]
@@ -85,6 +102,45 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"{statistics.median(r for _, r in pairs):>16.0f} {ratio:>13.2f}x"
         )
     print(f"\nworst ratio to {other}: {worst:.2f}x")
+    return 0
+
+
+def recorder_cost(trace: object, capacity: int, args: object) -> int:
+    """The LRU manager's per-block CPU time with a recorder, as a ratio to without."""
+    from kvoffload.manager import CPUOffloadingManager, TraceRecorder
+
+    lib = load_ours()
+    requests = [r.block_ids for r in trace.requests]  # type: ignore[attr-defined]
+    keys = build_keys(lib, requests)
+    accesses = sum(len(k) for k in keys)
+    block_tokens = trace.block_tokens  # type: ignore[attr-defined]
+
+    def cpu_ns_per_block(record: bool) -> float:
+        contexts = make_contexts(lib, keys, block_tokens, positions=True)
+        with tempfile.TemporaryDirectory() as tmp:
+            recorder = (
+                TraceRecorder(f"{tmp}/t.jsonl", block_tokens=block_tokens) if record else None
+            )
+            ours = dataclasses.replace(
+                lib, manager_cls=functools.partial(CPUOffloadingManager, recorder=recorder)
+            )
+            start = time.process_time()
+            replay_trace(ours, "lru", capacity, keys, contexts)
+            if recorder is not None:
+                recorder.close()  # the writer's work is part of the cost
+                assert recorder.dropped == 0, "requests dropped: the queue bound is too small"
+            return (time.process_time() - start) * 1e9 / accesses
+
+    print(f"capacity {capacity} blocks, {accesses:,} accesses, {args.runs} pairs")  # type: ignore[attr-defined]
+    runs = args.runs  # type: ignore[attr-defined]
+    pairs = [(cpu_ns_per_block(True), cpu_ns_per_block(False)) for _ in range(runs)]
+    for with_rec, without in pairs:
+        print(
+            f"  with {with_rec:7.0f} ns/blk   without {without:7.0f} ns/blk   "
+            f"{with_rec / without:.3f}x"
+        )
+    ratio = statistics.median(w / o for w, o in pairs)
+    print(f"recorder: {ratio:.3f}x the LRU manager's CPU time per block (median of pairs)")
     return 0
 
 

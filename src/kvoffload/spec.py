@@ -31,7 +31,7 @@ from kvoffload._sizes import format_size, parse_size
 from kvoffload.admission import check_store_threshold
 from kvoffload.keys import namespace_fingerprint
 from kvoffload.layout import KVCacheLayout, slots_for_budget
-from kvoffload.manager import CPUOffloadingManager, OffloadingManager
+from kvoffload.manager import CPUOffloadingManager, OffloadingManager, TraceRecorder
 from kvoffload.registry import Registry
 from kvoffload.tiers.config import TierConfig, build_tiers, parse_tiers
 
@@ -102,6 +102,10 @@ class OffloadingConfig:
             tier's keys (:mod:`kvoffload.tiers.config`); checked into
             :class:`~kvoffload.tiers.config.TierConfig` entries. With tiers the manager is a
             :class:`~kvoffload.tiers.manager.TieringManager` (``world_size`` must be 1).
+        record_trace: record every request the manager sees into this JSONL file (a
+            :class:`~kvoffload.manager.recorder.TraceRecorder`; ``kvoffload simulate
+            --block-tokens <tokens per chunk>`` replays it); rotates at
+            ``record_trace_max_bytes``.
     """
 
     cpu_bytes_to_use: int
@@ -123,6 +127,8 @@ class OffloadingConfig:
     staging_bytes: int = 128 << 20
     pin_memory: bool | None = None
     tiers: Sequence[TierConfig] = ()
+    record_trace: str | None = None
+    record_trace_max_bytes: int = 256 << 20
 
     def __post_init__(self) -> None:
         budget = self.cpu_bytes_to_use
@@ -156,6 +162,8 @@ class OffloadingConfig:
         object.__setattr__(
             self, "staging_bytes", parse_size("staging_bytes", self.staging_bytes, 1)
         )
+        _check_str("record_trace", self.record_trace, optional=True)
+        _check_int("record_trace_max_bytes", self.record_trace_max_bytes, 1)
         _check_bool("pin_memory", self.pin_memory, optional=True)
         object.__setattr__(self, "tiers", parse_tiers(self.tiers))
         if self.tiers and self.world_size != 1:
@@ -360,6 +368,14 @@ class CPUOffloadingSpec(OffloadingSpec):
                 skip_partial_tail=c.skip_partial_tail,
                 partial_store=c.partial_store,
             )
+            if c.record_trace is not None:
+                cpu.set_recorder(
+                    TraceRecorder(
+                        c.record_trace,
+                        block_tokens=self.tokens_per_chunk(),
+                        max_bytes=c.record_trace_max_bytes,
+                    )
+                )
             if not c.tiers:
                 self._manager = cpu
             else:

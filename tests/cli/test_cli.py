@@ -434,7 +434,9 @@ def test_timing_only_when_asked(capsys: pytest.CaptureFixture[str]) -> None:
     assert "blocks/s" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("command", ["policies", "simulate", "sweep", "bounds", "generate", "demo"])
+@pytest.mark.parametrize(
+    "command", ["policies", "simulate", "sweep", "mrc", "bounds", "generate", "demo"]
+)
 def test_help_describes_every_option_in_80_columns(command: str) -> None:
     env = {
         **os.environ,

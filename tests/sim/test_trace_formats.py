@@ -48,7 +48,14 @@ class CsvishFormat(TraceFormat):
 def test_a_new_format_is_one_class_and_one_line(tmp_path: Path) -> None:
     with TRACE_FORMAT_REGISTRY.snapshot():
         TRACE_FORMAT_REGISTRY.register("csvish", f"{__name__}:CsvishFormat")
-        assert trace_format_choices() == ("auto", "mooncake", "lmcache", "hash_ids", "csvish")
+        assert trace_format_choices() == (
+            "auto",
+            "mooncake",
+            "lmcache",
+            "hash_ids",
+            "keys_hex",
+            "csvish",
+        )
         records = [{"blocks": "a b", "t": 5}, {"blocks": "a c", "t": 7, "tokens": 20}]
         reader = TraceReader(write_jsonl(tmp_path / "t.jsonl", records))
         first, second = list(reader)

@@ -127,6 +127,36 @@ def add_tiers(p: argparse.ArgumentParser) -> None:
     )
 
 
+def add_measure(p: argparse.ArgumentParser) -> None:
+    """Warm-up and windows: which requests the figures count (the cache sees them all)."""
+    g = p.add_argument_group("warm-up and windows")
+    g.add_argument(
+        "--warmup-requests",
+        type=int,
+        default=0,
+        metavar="N",
+        help="leave the first N requests out of the figures (the cache still sees them)",
+    )
+    g.add_argument(
+        "--warmup-s",
+        type=float,
+        default=0.0,
+        metavar="T",
+        help="leave the requests of the first T seconds of trace time out of the figures",
+    )
+    g.add_argument(
+        "--window-s",
+        type=float,
+        metavar="W",
+        help="also report the figures per window of W seconds of trace time",
+    )
+    g.add_argument(
+        "--windows-output",
+        metavar="FILE",
+        help="with --window-s: write the per-window figures to FILE (.json or .csv)",
+    )
+
+
 def add_progress(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
 
@@ -230,6 +260,7 @@ def add_replay(p: argparse.ArgumentParser) -> None:
 __all__ = [
     "add_capacity",
     "add_format",
+    "add_measure",
     "add_progress",
     "add_replay",
     "add_tiers",

@@ -95,6 +95,7 @@ def run_grid(args: argparse.Namespace, default_caps: str) -> Grid:
     """
     new_plot_dir = bool(args.plot) and not Path(args.plot).exists()
     output.check_outputs(args.output, args.plot)
+    output.check_outputs([args.windows_output] if args.windows_output else None, None)
     if args.workers is not None and args.workers < 1:
         raise UserError(f"--workers must be >= 1, got {args.workers}")
     trace = inputs.load_input(args)
@@ -103,6 +104,8 @@ def run_grid(args: argparse.Namespace, default_caps: str) -> Grid:
     tiered = inputs.tier_capacities(args, trace)
     capacities = tiered if tiered is not None else inputs.capacities(args, trace, default_caps)
     with_bounds = not args.no_bounds and tiered is None  # bounds are single-tier
+    if tiered is not None and options.measure.active:
+        raise UserError("--tiers replays report whole-trace figures: drop --warmup-*/--window-s")
     progress = progress_bar(not args.no_progress)
     state: dict[str, Any] = {}
 
@@ -214,6 +217,7 @@ def report(args: argparse.Namespace, grid: Grid) -> int:
         args.timing,
         all_policies=getattr(args, "all_policies", False),
     )
+    errors += output.write_windows(args.windows_output, args.plot, sweep.results, title)
     for line in errors:
         print(f"kvoffload: error: {line}", file=sys.stderr)
     if sweep.partial:

@@ -28,6 +28,7 @@ from kvoffload.sim.records import Trace
 from kvoffload.sim.replay import PolicySpec, ReplayOptions
 from kvoffload.sim.tier_config import TieredCapacity, parse_tiers
 from kvoffload.sim.traces import load_trace
+from kvoffload.sim.windows import Measure
 from kvoffload.sim.workloads import WorkloadConfig, generate_workload
 
 # What the library raises for a bad value, type, file or plug-in the user named.
@@ -265,6 +266,20 @@ def shadow_options(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def measure(args: argparse.Namespace) -> Measure:
+    """The warm-up and windows of ``--warmup-requests`` / ``--warmup-s`` / ``--window-s``."""
+    if getattr(args, "windows_output", None) and getattr(args, "window_s", None) is None:
+        raise UserError("--windows-output needs --window-s")
+    try:
+        return Measure(
+            warmup_requests=getattr(args, "warmup_requests", 0),
+            warmup_s=getattr(args, "warmup_s", 0.0),
+            window_s=getattr(args, "window_s", None),
+        )
+    except (ValueError, TypeError) as exc:
+        raise UserError(str(exc)) from None
+
+
 def replay_options(args: argparse.Namespace) -> ReplayOptions:
     admission = None
     if args.admission:
@@ -287,6 +302,7 @@ def replay_options(args: argparse.Namespace) -> ReplayOptions:
             skip_partial_tail=args.skip_partial_tail,
             partial_store=args.partial_store,
             admission=admission,
+            measure=measure(args),
             **shadow_options(args),
         )
     except (ValueError, TypeError) as exc:
@@ -297,6 +313,7 @@ __all__ = [
     "INPUT_ERRORS",
     "capacities",
     "load_input",
+    "measure",
     "policies",
     "policy_names",
     "policy_params",

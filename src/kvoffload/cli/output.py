@@ -148,6 +148,47 @@ def write_outputs(
     return errors
 
 
+def write_windows(
+    output: str | None, plot: str | None, results: Sequence[Any], title: str
+) -> list[str]:
+    """The per-window figures of every result: ``--windows-output`` (JSON or CSV, one row per
+    policy, capacity and window) and, with ``--plot``, ``hit_ratio_over_time.png``."""
+    rows = [
+        {"policy": r.policy, "capacity": r.capacity_label or str(r.capacity_blocks), **w.to_dict()}
+        for r in results
+        for w in r.windows
+    ]
+    errors: list[str] = []
+    if output:
+        path = Path(output)
+        try:
+            with path.open("w", newline="") as out:
+                if path.suffix == ".csv":
+                    import csv
+
+                    if rows:
+                        writer = csv.DictWriter(out, fieldnames=list(rows[0]))
+                        writer.writeheader()
+                        writer.writerows(rows)
+                else:
+                    dump_json({"windows": rows}, out)
+        except OSError as exc:
+            errors.append(f"--windows-output '{output}' was not written: {exc.strerror or exc}")
+    if plot and rows:
+        from kvoffload.sim.report.curves import plot_windows
+
+        pairs = [
+            (f"{r.policy} @ {r.capacity_label or r.capacity_blocks}", w)
+            for r in results
+            for w in r.windows
+        ]
+        try:
+            plot_windows(pairs, Path(plot) / "hit_ratio_over_time.png", title)
+        except OSError as exc:
+            errors.append(f"--plot '{plot}' was not written: {exc.strerror or exc}")
+    return errors
+
+
 __all__ = [
     "check_outputs",
     "emit_json",
@@ -156,4 +197,5 @@ __all__ = [
     "tables",
     "trace_caption",
     "write_outputs",
+    "write_windows",
 ]

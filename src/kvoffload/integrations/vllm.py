@@ -31,6 +31,12 @@ How vLLM's calls reach our policy (same order as our own manager, so hit counts 
   next other call (``get`` is pure and does not need them). So a run of releases ends at the
   next call other than ``get``, even one that changes nothing, such as a failed ``evict``.
 
+Recording: :func:`record_trace` gives every adapter a
+:class:`~kvoffload.manager.recorder.TraceRecorder`; each request's ``on_request_access`` keys
+(loaded, and offered absent or ready: the keys our manager records) and its end are written as
+a trace ``kvoffload simulate`` replays. vLLM's context has no arrival time or prompt length,
+so the recorder's clock times the requests and every block counts as full.
+
 vLLM's ``ReqContext`` becomes a kvoffload :class:`~kvoffload.context.ReqContext` per request and
 policy, kept in vLLM's context: same ``req_id`` and ``kv_transfer_params``, the keys' token
 positions copied as keys arrive, and optional hints from ``kv_transfer_params["kvoffload"]``
@@ -52,6 +58,7 @@ from kvoffload.integrations.vllm_api import (
     VllmReqContext,
 )
 from kvoffload.keys import OffloadKey
+from kvoffload.manager.recorder import TraceRecorder
 from kvoffload.policies import BUILTIN_POLICIES, CachePolicy, create_cache_policy
 
 logger = logging.getLogger(__name__)
@@ -124,6 +131,8 @@ class KVOffloadPolicy(VllmCachePolicy):  # type: ignore[misc]
     kvoffload_policy: ClassVar[str] = ""
     kvoffload_module_path: ClassVar[str | None] = None
     kvoffload_params: ClassVar[Mapping[str, Any]] = {}
+    #: Set by :func:`record_trace` for every adapter (``None``: nothing recorded).
+    recorder: ClassVar[TraceRecorder | None] = None
 
     def __init__(self, cache_capacity: int) -> None:
         super().__init__(cache_capacity)
@@ -193,7 +202,13 @@ class KVOffloadPolicy(VllmCachePolicy):  # type: ignore[misc]
         """Ignored: the same keys reach ``on_request_access`` right after, once per request."""
 
     def on_request_access(self, keys: Iterable[OffloadKey], req_context: VllmReqContext) -> None:
-        self.touch(keys, req_context)
+        self._hand_over_released()
+        keys = list(keys)
+        ctx = self._context(req_context, keys)
+        self.policy.touch(keys, ctx)
+        recorder = self.recorder
+        if recorder is not None and req_context is not None:
+            recorder.add_keys(ctx, keys)
 
     def on_request_finished(
         self,
@@ -203,7 +218,11 @@ class KVOffloadPolicy(VllmCachePolicy):  # type: ignore[misc]
         req_context: VllmReqContext,
     ) -> None:
         self._hand_over_released()
-        self.policy.on_request_finished(self._context(req_context, ()))
+        ctx = self._context(req_context, ())
+        self.policy.on_request_finished(ctx)
+        recorder = self.recorder
+        if recorder is not None and req_context is not None:
+            recorder.finish(ctx)
 
     def evict(
         self, n: int, protected: set[OffloadKey]
@@ -221,6 +240,13 @@ class KVOffloadPolicy(VllmCachePolicy):  # type: ignore[misc]
     def mark_non_evictable(self, key: OffloadKey) -> None:
         self._hand_over_released()
         self.policy.mark_non_evictable(key)
+
+
+def record_trace(recorder: TraceRecorder | None) -> None:
+    """Record the requests every kvoffload policy inside vLLM sees (``None``: stop)."""
+    if recorder is not None and not isinstance(recorder, TraceRecorder):
+        raise TypeError(f"recorder must be a TraceRecorder, got {type(recorder).__name__}")
+    KVOffloadPolicy.recorder = recorder
 
 
 def vllm_policy_class(
@@ -294,6 +320,7 @@ __all__ = [
     "TESTED_VLLM_VERSIONS",
     "VLLM_VERSION",
     "KVOffloadPolicy",
+    "record_trace",
     "translate_context",
     "vllm_class_names",
     "vllm_policy_class",

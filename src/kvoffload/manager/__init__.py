@@ -59,6 +59,7 @@ from kvoffload.manager.counters import Counters
 from kvoffload.manager.cpu import CPUOffloadingManager
 from kvoffload.manager.locked import locked_class
 from kvoffload.manager.pool import SlotPool
+from kvoffload.manager.recorder import TraceRecorder
 
 __all__ = [
     "BlockAccesses",
@@ -72,5 +73,6 @@ __all__ = [
     "PrepareStoreOutput",
     "RequestOffloadingContext",
     "SlotPool",
+    "TraceRecorder",
     "locked_class",
 ]

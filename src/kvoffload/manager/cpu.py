@@ -26,6 +26,7 @@ from kvoffload.manager.counters import Counters
 from kvoffload.manager.keyargs import check_key_types, describe_key, key_list, wrong_key_type
 from kvoffload.manager.locked import locked_class
 from kvoffload.manager.pool import SlotPool
+from kvoffload.manager.recorder import TraceRecorder
 from kvoffload.manager.records import RequestRecord
 from kvoffload.manager.state import decode_manager_state, encode_manager_state
 from kvoffload.policies import (
@@ -70,6 +71,9 @@ class CPUOffloadingManager(OffloadingManager):
             carries each candidate's estimate as ``shadow_<name>_hit_ratio``.
         shadow_sample_rate: share of the key space the shadows sample (SHARDS rate).
         shadow_min_blocks: raise the rate so each miniature holds at least this many blocks.
+        recorder: a :class:`~kvoffload.manager.recorder.TraceRecorder` that writes each
+            request's keys and hints as a trace ``kvoffload simulate`` replays (also
+            :meth:`set_recorder`).
 
     For drivers that bypass the public calls for speed (the simulator's blocks mode,
     :func:`kvoffload.sim.drive.access_blocks`) the manager exposes its parts: ``pool``,
@@ -93,6 +97,7 @@ class CPUOffloadingManager(OffloadingManager):
         shadow_policies: str | Sequence[CandidateSpec] | None = None,
         shadow_sample_rate: float = 0.01,
         shadow_min_blocks: int = 256,
+        recorder: TraceRecorder | None = None,
     ) -> None:
         self.num_blocks = check_int("num_blocks", num_blocks, 0)
         if isinstance(cache_policy, CachePolicy):
@@ -130,6 +135,9 @@ class CPUOffloadingManager(OffloadingManager):
                 sample_rate=shadow_sample_rate,
                 min_shadow_blocks=shadow_min_blocks,
             )
+        self._recorder: TraceRecorder | None = None
+        if recorder is not None:
+            self.set_recorder(recorder)
         if thread_safe:
             self._lock = threading.RLock()
             self.__class__ = locked_class(type(self))
@@ -251,6 +259,16 @@ class CPUOffloadingManager(OffloadingManager):
         stored = [status.block_id for status in table.values()] if table is not None else []
         manager._pool.restore(statuses, stored)
         return manager
+
+    def set_recorder(self, recorder: TraceRecorder | None) -> None:
+        """Record every request from now on into ``recorder`` (``None``: stop recording)."""
+        if recorder is not None and not isinstance(recorder, TraceRecorder):
+            raise TypeError(f"recorder must be a TraceRecorder, got {type(recorder).__name__}")
+        self._recorder = recorder
+
+    @property
+    def recorder(self) -> TraceRecorder | None:
+        return self._recorder
 
     @property
     def shadows(self) -> ShadowEvaluator | None:
@@ -405,6 +423,8 @@ class CPUOffloadingManager(OffloadingManager):
             loads[key] = loads.get(key, 0) + 1
         self._pool.num_evictable -= pinned_now
         self._counters.loads += len(keys)
+        if self._recorder is not None:
+            self._recorder.add_keys(ctx, keys)
         return CPULoadStoreSpec(
             [s.block_id for s in statuses],  # type: ignore[union-attr]
             self._generation,
@@ -500,6 +520,8 @@ class CPUOffloadingManager(OffloadingManager):
             check_key_types(absent, "prepare_store")  # the keys that may enter the cache
         to_store = absent
         counters = self._counters
+        if self._recorder is not None:
+            self._recorder.add_keys(ctx, keys)
         if absent and self._admission is not None:
             to_store = self._admission.admit(absent, ctx)
             counters.admission_rejects += len(absent) - len(to_store)
@@ -628,6 +650,8 @@ class CPUOffloadingManager(OffloadingManager):
         self._policy.on_request_finished(ctx)
         if self._shadow is not None:
             self._shadow.request_finished(ctx)
+        if self._recorder is not None:
+            self._recorder.finish(ctx)
 
     def take_events(self) -> list[OffloadingEvent]:
         self._check_entry()

@@ -467,6 +467,12 @@ class ShadowEvaluator:
             self._close_window()
         return count
 
+    def offered(self, count: int) -> None:
+        """Count ``count`` accesses to keys the caller knows are not sampled (an offline
+        driver that filtered them with :meth:`sampled` or :func:`sample_hash`): the same as
+        passing them to :meth:`record`, without hashing them again."""
+        self.seen += count
+
     def _count_keys(self, picked: list[OffloadKey], rows: list[list[bool]]) -> None:
         """Add each sampled access to its key's counts and to the estimator's sums.
 

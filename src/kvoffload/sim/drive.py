@@ -6,8 +6,8 @@ stored (``prepare_store`` + ``complete_store``), a HIT_PENDING is left alone. It
 same policy calls and leaves the same counters, slots and statuses as that per-key call
 sequence (``tests/sim/test_drive.py`` checks it), without its per-call cost: the blocks mode
 is bound by it. It works on the manager's driver parts (``pool``, ``counters``,
-``status_getter``, ``touches_misses``, ``request_record``); with admission filters or events
-or shadow policies on, it makes exactly the public calls.
+``status_getter``, ``touches_misses``, ``request_record``); with admission filters, events,
+shadow policies or a recorder on, it makes exactly the public calls.
 """
 
 from __future__ import annotations
@@ -27,7 +27,12 @@ def access_blocks(
     m: CPUOffloadingManager, keys: Sequence[OffloadKey], ctx: ReqContext
 ) -> BlockAccesses:
     """Each of ``keys`` as an independent access to ``m``, in order (see the module)."""
-    if m.admission is not None or m.events_enabled or m.shadows is not None:
+    if (
+        m.admission is not None
+        or m.events_enabled
+        or m.shadows is not None
+        or m.recorder is not None
+    ):
         return access_blocks_by_calls(m, keys, ctx)
     record = m.request_record(ctx)
     touched = record.touched

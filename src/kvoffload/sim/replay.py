@@ -45,6 +45,7 @@ from kvoffload.manager import CPUOffloadingManager, LookupResult
 from kvoffload.sim.drive import access_blocks
 from kvoffload.sim.hit_lengths import HitLengths, summarize_hit_lengths
 from kvoffload.sim.records import Trace, TraceRequest
+from kvoffload.sim.windows import Measure, WindowFigures, window_figures
 
 REPLAY_MODES = ("prefix", "blocks")
 
@@ -91,6 +92,8 @@ class ReplayOptions:
             ``policy_shadow_<name>_hit_ratio``).
         shadow_sample_rate: the shadows' SHARDS sampling rate.
         shadow_min_blocks: the smallest miniature (raises the rate for small caches).
+        measure: a warm-up to leave out of the figures and time windows to report
+            (:mod:`kvoffload.sim.windows`); the cache sees every request either way.
     """
 
     mode: str = "prefix"
@@ -105,6 +108,7 @@ class ReplayOptions:
     shadow_policies: tuple[str, ...] = ()
     shadow_sample_rate: float = 0.01
     shadow_min_blocks: int = 256
+    measure: Measure = field(default_factory=Measure)
 
     def __post_init__(self) -> None:
         if self.mode not in REPLAY_MODES:
@@ -124,6 +128,11 @@ class ReplayResult:
     ``prefix_hit_blocks`` counts each request's leading run of hits, the part a prefix cache
     can load; ``token_hit_ratio`` weighs that run by its tokens (the last block may be
     partial), i.e. the share of prompt tokens that need no prefill.
+
+    With a warm-up (``ReplayOptions.measure``) the request, access, token and hit figures
+    and the hit lengths are of the measured requests only (``measured`` repeats them);
+    stores, evictions, failures and the manager's stats stay whole-run counts.
+    ``windows`` has one entry per time window that has requests (with ``window_s``).
     """
 
     policy: str
@@ -148,6 +157,9 @@ class ReplayResult:
     bytes_per_block: float | None = None
     manager_stats: dict[str, Any] = field(default_factory=dict)
     tiers: dict[str, Any] | None = None  # a multi-tier replay's per-tier report (sim.tiered)
+    measure: Measure | None = None  # set when the replay had a warm-up or windows
+    measured: WindowFigures | None = None
+    windows: list[WindowFigures] = field(default_factory=list)
 
     @property
     def block_hit_ratio(self) -> float:
@@ -201,6 +213,9 @@ class ReplayResult:
         }
         if self.tiers is not None:  # only multi-tier replays have the key
             record["tiers"] = self.tiers
+        if self.measure is not None:  # only replays with a warm-up or windows have these
+            record["measure"] = self.measure.describe()
+            record["windows"] = [w.to_dict() for w in self.windows]
         return record
 
 
@@ -302,6 +317,8 @@ class _Replayer:
         self.keys = [int_key(i) for i in range(trace.num_unique_blocks)]
         self.counts = _Counters()
         self.hit_lengths: list[int] = []
+        # (block hits, prefix-hit blocks) of each request, only for a warm-up or windows
+        self.per_request: list[tuple[int, int]] | None = [] if options.measure.active else None
 
     def request_keys(self, request: TraceRequest) -> list[OffloadKey]:
         table = self.keys
@@ -312,7 +329,9 @@ class _Replayer:
         m, c, bt = self.manager, self.counts, self.trace.block_tokens
         hit = LookupResult.HIT
         probe = m.policy.get  # pure, and not counted as a lookup
+        per_request = self.per_request
         for request in self.trace.requests:
+            before = c.block_hits
             keys = self.request_keys(request)
             leading = True
             run = 0
@@ -337,6 +356,8 @@ class _Replayer:
                 ctx.output_tokens = request.output_tokens
                 m.on_request_finished(ctx)
             self._record_prefix(request, run)
+            if per_request is not None:
+                per_request.append((c.block_hits - before, run))
 
     def _record_prefix(self, request: TraceRequest, run: int) -> None:
         c = self.counts
@@ -362,6 +383,7 @@ class _Replayer:
             p += 1
         ctx.prefix_hit_blocks = p
         self._record_prefix(request, p)
+        before = c.block_hits
         c.block_hits += p
         absent = 0
         if p < n:
@@ -374,6 +396,8 @@ class _Replayer:
                     absent += 1
                 elif outcome is LookupResult.HIT_PENDING:
                     c.pending_hits += 1
+        if self.per_request is not None:
+            self.per_request.append((c.block_hits - before, p))
         loaded = keys[:p]
         if loaded:
             m.prepare_load(loaded, ctx)
@@ -453,7 +477,7 @@ def replay(
     elapsed = time.perf_counter() - started
     stats = runner.manager.get_stats()
     c = runner.counts
-    return ReplayResult(
+    result = ReplayResult(
         policy=spec.label,
         capacity_blocks=capacity_blocks,
         mode=options.mode,
@@ -480,6 +504,25 @@ def replay(
         ),
         manager_stats=stats.as_dict(),
     )
+    if runner.per_request is not None:
+        apply_measure(result, trace, options.measure, runner.per_request)
+    return result
+
+
+def apply_measure(
+    result: ReplayResult, trace: Trace, measure: Measure, per_request: list[tuple[int, int]]
+) -> None:
+    """Make ``result``'s figures those of the measured requests and add the windows."""
+    measured, windows = window_figures(trace, measure, per_request)
+    first = len(per_request) - measured.requests
+    result.measure, result.measured, result.windows = measure, measured, windows
+    result.requests = measured.requests
+    result.block_accesses = measured.block_accesses
+    result.tokens = measured.tokens
+    result.block_hits = measured.block_hits
+    result.prefix_hit_blocks = measured.prefix_hit_blocks
+    result.token_hits = measured.token_hits
+    result.hit_lengths = summarize_hit_lengths([run for _, run in per_request[first:]])
 
 
 __all__ = [
@@ -487,6 +530,7 @@ __all__ = [
     "PolicySpec",
     "ReplayOptions",
     "ReplayResult",
+    "apply_measure",
     "build_manager",
     "make_context",
     "replay",

@@ -34,6 +34,7 @@ import json
 import math
 import os
 import random
+from array import array
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import IO, cast
@@ -336,15 +337,23 @@ def generate_workload(cfg: WorkloadConfig | None = None) -> Trace:
 
 
 def _densify_ids(trace: Trace) -> None:
-    """Renumber block ids 0.. in first-use order (dropped late requests leave gaps)."""
-    dense: dict[int, int] = {}
+    """Renumber block ids 0.. in first-use order (dropped late requests leave gaps).
+
+    The map is an array of machine ints indexed by the old id (8 bytes per id, no dict
+    entries), and every access to a block shares one int object (``dense``): the trace's
+    memory stays a pointer per access plus one int per block.
+    """
+    top = max((max(r.block_ids) for r in trace.requests if r.block_ids), default=-1) + 1
+    mapping = array("q", [-1]) * top
+    dense: list[int] = []
     for request in trace.requests:
         ids = request.block_ids
         for i, block in enumerate(ids):
-            new = dense.get(block)
-            if new is None:
-                new = dense[block] = len(dense)
-            ids[i] = new
+            new = mapping[block]
+            if new < 0:
+                new = mapping[block] = len(dense)
+                dense.append(new)
+            ids[i] = dense[new]
     trace.num_unique_blocks = len(dense)
 
 

@@ -51,6 +51,7 @@ from kvoffload.manager import (
     OffloadingManager,
     PrepareStoreOutput,
     RequestOffloadingContext,
+    TraceRecorder,
 )
 from kvoffload.manager.keyargs import key_list
 from kvoffload.policies import CachePolicy, SwitchReport
@@ -574,6 +575,11 @@ class TieringManager(TierWrites, OffloadingManager):
         state = ctx.get_state(_RequestState)
         if state is not None:
             state.seen.clear()
+
+    def set_recorder(self, recorder: TraceRecorder | None) -> None:
+        """Record every request into ``recorder`` (``None``: stop): the CPU tier sees every
+        key a request loads or offers, promotions from the secondaries included."""
+        self.cpu.set_recorder(recorder)
 
     def prepare_load(self, keys: Iterable[OffloadKey], ctx: ReqContext) -> CPULoadStoreSpec:
         keys = key_list(keys, "prepare_load")

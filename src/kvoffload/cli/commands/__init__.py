@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from kvoffload.cli.commands import bounds, demo, generate, policies, simulate, sweep
+from kvoffload.cli.commands import bounds, demo, generate, mrc, policies, simulate, sweep
 
-COMMANDS: tuple[ModuleType, ...] = (policies, simulate, sweep, bounds, generate, demo)
+COMMANDS: tuple[ModuleType, ...] = (policies, simulate, sweep, mrc, bounds, generate, demo)
 
 __all__ = ["COMMANDS"]

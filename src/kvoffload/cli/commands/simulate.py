@@ -21,6 +21,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     cli_args.add_trace(parser)
     cli_args.add_capacity(parser, CAPACITIES)
     cli_args.add_replay(parser)
+    cli_args.add_measure(parser)
     cli_args.add_tiers(parser)
     cli_args.add_format(parser)
     g = parser.add_argument_group("shadow evaluation")

@@ -22,6 +22,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     cli_args.add_trace(parser)
     cli_args.add_capacity(parser, CAPACITIES)
     cli_args.add_replay(parser)
+    cli_args.add_measure(parser)
     cli_args.add_tiers(parser)
     cli_args.add_format(parser)
 

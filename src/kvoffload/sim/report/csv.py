@@ -10,7 +10,7 @@ from kvoffload.sim.bounds import Bounds
 from kvoffload.sim.replay import ReplayResult
 from kvoffload.sim.report.json import result_record
 
-_CSV_SKIP = {"manager", "hit_length", "tiers"}
+_CSV_SKIP = {"manager", "hit_length", "tiers", "measure", "windows"}
 
 
 def result_row(result: ReplayResult, timing: bool = False) -> dict[str, Any]:

@@ -292,10 +292,52 @@ def print_renderables(console: Console, *items: RenderableType) -> None:
             console.print(item, highlight=False)
 
 
+def curves_table(points: Sequence[object], title: str | None = None) -> Table:
+    """``kvoffload mrc``: one row per policy and capacity (hit ratios, as in ``simulate``)."""
+    table = Table(title=title, title_justify="left", header_style="bold", box=box.SIMPLE_HEAD)
+    columns = (
+        "policy",
+        "capacity",
+        "blocks",
+        "method",
+        "rate",
+        "block hit",
+        "± est",
+        "prefix hit",
+        "token hit",
+        "req full",
+        "req any",
+    )
+    for i, column in enumerate(columns):
+        table.add_column(column, justify="left" if i in (0, 1, 3) else "right", no_wrap=True)
+
+    def ratio(value: object) -> str:
+        return "-" if not isinstance(value, float) else _ratio(value)
+
+    for p in points:
+        row = p.to_dict()  # type: ignore[attr-defined]
+        error = row["error_estimate"]
+        table.add_row(
+            str(row["policy"]),
+            str(row["capacity"]),
+            _count(row["capacity_blocks"]),
+            str(row["method"]),
+            f"{row['sample_rate']:.4g}",
+            _ratio(row["block_hit_ratio"]),
+            "-" if error is None else f"{error:.4f}",
+            ratio(row["prefix_hit_ratio"]),
+            ratio(row["token_hit_ratio"]),
+            ratio(row["request_full_hit_ratio"]),
+            ratio(row["request_any_hit_ratio"]),
+        )
+    return table
+
+
 __all__ = [
     "BEST_MARK",
     "BOUNDS_LEGEND",
     "bounds_table",
+    "curves_table",
     "key_value_table",
     "policies_table",
     "print_renderables",

@@ -3,7 +3,7 @@
 Every format is JSON Lines, optionally gzip- or zstd-compressed (detected from the file's
 first bytes, not its name); :mod:`.io` opens files and reads bounded lines, :mod:`.reader`
 turns them into :class:`~kvoffload.sim.records.TraceRequest` objects. Each format is one
-module here (``mooncake``, ``lmcache``, ``hash_ids``) subclassing
+module here (``mooncake``, ``lmcache``, ``hash_ids``, ``keys_hex``) subclassing
 :class:`~kvoffload.sim.traces.base.TraceFormat`, registered by name below; ``"auto"`` picks
 one from the first record's fields. Adding a format: write its module, add one line below.
 """
@@ -38,6 +38,7 @@ from kvoffload.sim.traces.registry import (
 TRACE_FORMAT_REGISTRY.register("mooncake", "kvoffload.sim.traces.mooncake:MooncakeFormat")
 TRACE_FORMAT_REGISTRY.register("lmcache", "kvoffload.sim.traces.lmcache:LMCacheFormat")
 TRACE_FORMAT_REGISTRY.register("hash_ids", "kvoffload.sim.traces.hash_ids:HashIdsFormat")
+TRACE_FORMAT_REGISTRY.register("keys_hex", "kvoffload.sim.traces.keys_hex:KeysHexFormat")
 
 #: The built-in choices of ``--trace-format`` (kept for old imports; formats registered later
 #: or advertised by entry points are in :func:`trace_format_choices`).

@@ -1,0 +1,248 @@
+"""Record live traffic as a trace ``kvoffload simulate`` replays: :class:`TraceRecorder`.
+
+A manager given a recorder (``CPUOffloadingManager(..., recorder=r)``, ``set_recorder(r)``,
+or the config key ``record_trace``) hands it each request's keys as it sees them (the loaded
+prefix from ``prepare_load``, the offered rest from ``prepare_store``) and, when the request
+finishes, its hints. The recorder writes one JSON line per request in the ``keys_hex``
+format (``kvoffload.sim.traces.keys_hex``; the generic ``hash_ids`` list when a request's
+keys differ in width)::
+
+    {"keys_hex": "<key><key>...", "key_bytes": 12, "timestamp": 12.5, "input_length": 1800,
+     "output_length": 120, "request_id": "r1", "session_id": "s1", "category": "chat"}
+
+It stays off the hot path: the manager's side is a list append per call and one append to a
+bounded queue per request; a background thread does the encoding and the writing. When
+the queue is full (the disk is slower than the traffic) the request is dropped and counted
+(:attr:`dropped`), never waited for. Files rotate at ``max_bytes``: ``trace.jsonl``, then
+``trace-1.jsonl``, ``trace-2.jsonl`` ...; with ``max_files`` the oldest go.
+
+Standard library only, so the manager layer can take it.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from binascii import hexlify
+from collections import deque
+from collections.abc import Callable, Sequence
+from json.encoder import encode_basestring_ascii as _quote  # C where available; ASCII out
+from pathlib import Path
+from typing import BinaryIO
+
+from kvoffload._checks import check_int, check_number
+from kvoffload.context import ReqContext
+
+_Entry = tuple[list[bytes], str, float, int | None, int | None, str | None, str | None]
+
+
+class _Recording:
+    """One request's keys so far and when it was first seen (kept in its context)."""
+
+    __slots__ = ("keys", "started")
+
+    def __init__(self, started: float) -> None:
+        self.keys: list[bytes] = []
+        self.started = started
+
+
+class TraceRecorder:
+    """Writes each finished request as a ``hash_ids`` JSON line (see the module docstring).
+
+    Args:
+        path: the first file; rotated files get ``-1``, ``-2`` ... before the suffix.
+        block_tokens: tokens per block, to write ``input_length`` (a prompt length that does
+            not fit the recorded blocks is left out: the replay takes every block as full).
+        max_bytes: rotate when a file would grow past this.
+        max_files: keep at most this many files, deleting the oldest (``None``: all).
+        max_pending_keys: bound of the queue, in keys; a request that would pass it is
+            dropped (:attr:`dropped`).
+        clock: arrival times of requests whose context has no ``timestamp``.
+        flush_interval_s: how often the writer thread wakes to write what is queued (it also
+            wakes when half of ``max_pending_keys`` is queued): rare wake-ups keep its cost
+            (thread switches, the lock of the serving thread's interpreter) off the hot path.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        block_tokens: int | None = None,
+        max_bytes: int = 256 << 20,
+        max_files: int | None = None,
+        max_pending_keys: int = 1 << 20,
+        clock: Callable[[], float] = time.time,
+        flush_interval_s: float = 1.0,
+    ) -> None:
+        if block_tokens is not None:
+            check_int("block_tokens", block_tokens, 1, or_none=True)
+        check_int("max_bytes", max_bytes, 1)
+        if max_files is not None:
+            check_int("max_files", max_files, 1, or_none=True)
+        check_int("max_pending_keys", max_pending_keys, 1)
+        self.flush_interval_s = check_number(
+            "flush_interval_s", flush_interval_s, 0.0, 3600.0, low_open=True
+        )
+        self._high_water = max(1, max_pending_keys // 2)
+        self.path = Path(path)
+        self.block_tokens = block_tokens
+        self.max_bytes = max_bytes
+        self.max_files = max_files
+        self.max_pending_keys = max_pending_keys
+        self._clock = clock
+        self._queue: deque[_Entry] = deque()
+        self._pending_keys = 0  # changed by both threads: read as an estimate only
+        self._taken_keys = 0
+        self.recorded = 0  # requests queued
+        self.dropped = 0  # requests dropped because the queue was full
+        self.written = 0  # requests written
+        self.files: list[Path] = []
+        self._next_index = 0
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._file = self._open()
+        self._size = 0
+        self._closed = False
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="kvoffload-recorder", daemon=True)
+        self._thread.start()
+
+    # ----------------------------------------------------------- the manager's side
+    def add_keys(self, ctx: ReqContext, keys: Sequence[bytes]) -> None:
+        """Note keys the request ``ctx`` accessed (in order; repeats are dropped at write)."""
+        state = ctx.get_state(_Recording)
+        if state is None:
+            state = _Recording(self._clock() if ctx.timestamp is None else ctx.timestamp)
+            ctx.set_state(state)
+        state.keys.extend(keys)
+
+    def finish(self, ctx: ReqContext) -> None:
+        """Queue the finished request ``ctx`` for writing (or count it dropped)."""
+        state = ctx.get_state(_Recording)
+        if state is None or not state.keys or self._closed:
+            return
+        keys, state.keys = state.keys, []
+        if self._pending_keys - self._taken_keys + len(keys) > self.max_pending_keys:
+            self.dropped += 1
+            return
+        self._pending_keys += len(keys)
+        if self._pending_keys - self._taken_keys > self._high_water:
+            self._wake.set()
+        self._queue.append(
+            (
+                keys,
+                ctx.req_id,
+                state.started,
+                ctx.prompt_tokens,
+                ctx.output_tokens,
+                ctx.session_id,
+                ctx.category,
+            )
+        )
+        self.recorded += 1
+
+    # ----------------------------------------------------------- the writer thread
+    def _name(self, index: int) -> Path:
+        if index == 0:
+            return self.path
+        return self.path.with_name(f"{self.path.stem}-{index}{self.path.suffix}")
+
+    def _open(self) -> BinaryIO:
+        name = self._name(self._next_index)
+        self._next_index += 1
+        self.files.append(name)
+        if self.max_files is not None and len(self.files) > self.max_files:
+            oldest = self.files.pop(0)
+            oldest.unlink(missing_ok=True)
+        return name.open("wb")
+
+    def _line(self, entry: _Entry) -> bytes:
+        keys, req_id, started, prompt, output, session, category = entry
+        width = len(keys[0])
+        blob = b"".join(keys)
+        if len(blob) == width * len(keys) and max(map(len, keys)) == width:
+            # Keys of one width (an engine's usual case): one hex conversion for the request;
+            # repeats are dropped when read (the keys_hex format).
+            n = len(keys)
+            head = b'{"keys_hex":"%s","key_bytes":%d' % (hexlify(blob), width)
+        else:
+            unique = list(dict.fromkeys(keys))
+            n = len(unique)
+            ids = '","'.join(map(bytes.hex, unique))
+            head = b'{"hash_ids":["%s"]' % ids.encode()
+        # Microseconds in integer arithmetic: a float's shortest repr costs several times more.
+        whole, micros = divmod(round(started * 1_000_000), 1_000_000)
+        parts = [head, b',"timestamp":%d.%06d' % (whole, micros)]
+        bt = self.block_tokens
+        if prompt is not None and bt is not None and (n - 1) * bt < prompt <= n * bt:
+            parts.append(b',"input_length":%d' % prompt)
+        if output:
+            parts.append(b',"output_length":%d' % output)
+        parts.append(b',"request_id":%s' % _quote(req_id).encode())
+        if session is not None:
+            parts.append(b',"session_id":%s' % _quote(session).encode())
+        if category is not None:
+            parts.append(b',"category":%s' % _quote(category).encode())
+        parts.append(b"}\n")
+        return b"".join(parts)
+
+    def _write_pending(self) -> None:
+        queue = self._queue
+        out = self._file
+        while queue:
+            entry = queue.popleft()
+            self._taken_keys += len(entry[0])
+            line = self._line(entry)
+            size = len(line)
+            if self._size and self._size + size > self.max_bytes:
+                out.close()
+                out = self._file = self._open()
+                self._size = 0
+            out.write(line)
+            self._size += size
+            self.written += 1
+        out.flush()
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                self._write_pending()
+                self._wake.wait(self.flush_interval_s)
+                self._wake.clear()
+            self._write_pending()
+        except BaseException as exc:  # reported by close(); the manager never waits on it
+            self._error = exc
+
+    # ----------------------------------------------------------- the user's side
+    def flush(self, timeout: float = 5.0) -> bool:
+        """Wait until every queued request is written (False: not within ``timeout``)."""
+        deadline = time.monotonic() + timeout
+        self._wake.set()
+        while self._queue and time.monotonic() < deadline and self._thread.is_alive():
+            time.sleep(0.005)
+        return not self._queue
+
+    def close(self) -> None:
+        """Write what is queued, stop the thread and close the file (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        self._stop.set()
+        self._wake.set()
+        self._thread.join()
+        self._file.close()
+        if self._error is not None:
+            raise OSError(f"trace recorder: writing {self.path} failed: {self._error}")
+
+    def __enter__(self) -> TraceRecorder:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def stats(self) -> dict[str, int]:
+        return {"recorded": self.recorded, "dropped": self.dropped, "written": self.written}
+
+
+__all__ = ["TraceRecorder"]
