@@ -455,6 +455,8 @@ class KVOffloadStorage(HiCacheStorage):  # type: ignore[misc]
                     target = targets[i]
                     if target is None:
                         target = self.mem_pool_host.get_dummy_flat_data_page()
+                    if not target.is_contiguous():  # a reshape would copy: the bytes lost
+                        raise ValueError("KVOffloadStorage: batch_get targets must be contiguous")
                     page = _bytes_of(target)
                     for p in range(geometry.pieces):
                         view = memory.slot_view(slots[j * geometry.pieces + p])

@@ -363,3 +363,16 @@ def test_mla_pages_are_shared_across_tp_sizes(tmp_path: Path, closing: list[Any]
     )
     closing.append(tp4)
     assert tp4.batch_exists(names) == 2
+
+
+def test_a_target_that_is_not_contiguous_is_refused(tmp_path: Path, closing: list[Any]) -> None:
+    """Bytes written into a copy of a strided target would be lost: an error, not a hit."""
+    pool = sglang_host_pool("page_first")
+    backend = build(storage_config(disk(tmp_path), v1=False), pool)
+    closing.append(backend)
+    names = keys(1)
+    fill(pool, 0, seed=5)
+    assert backend.batch_set(names, [pool.get_data_page(0)])
+    strided = torch.zeros(2 * pool.get_dummy_flat_data_page().numel(), dtype=torch.bfloat16)[::2]
+    with pytest.raises(ValueError, match="must be contiguous"):
+        backend.batch_get(names, [strided])
