@@ -41,6 +41,7 @@ Importing this module needs SGLang (and its import chain); our tiers do not.
 from __future__ import annotations
 
 import difflib
+import inspect
 import logging
 import threading
 import time
@@ -265,7 +266,9 @@ class KVOffloadStorage(HiCacheStorage):  # type: ignore[misc]
         staging_slots = self.staging_pages * geometry.pieces
         memory = _SplitSlots(geometry.host, geometry.piece_bytes, staging_slots)
         params = dict(self.tier_config.params)
-        params.setdefault("namespace", self.namespace(geometry))
+        if "namespace" in inspect.signature(self.tier_config.cls.__init__).parameters:
+            params.setdefault("namespace", self.namespace(geometry))  # a tier without one
+            # (the in-memory tier) keeps nothing beyond this process anyway
         if self.tier is not None:
             self.tier.close()
         self.tier = self.tier_config.cls(memory, **params)

@@ -376,3 +376,31 @@ def test_a_target_that_is_not_contiguous_is_refused(tmp_path: Path, closing: lis
     strided = torch.zeros(2 * pool.get_dummy_flat_data_page().numel(), dtype=torch.bfloat16)[::2]
     with pytest.raises(ValueError, match="must be contiguous"):
         backend.batch_get(names, [strided])
+
+
+def test_any_registered_tier_serves_including_one_registered_here(closing: list[Any]) -> None:
+    """``tier.type`` resolves through kvoffload's tier registry: built-in or registered."""
+    from kvoffload.tiers.memory import MemoryTier
+    from kvoffload.tiers.registry import register_tier
+
+    class CountingTier(MemoryTier):
+        puts = 0
+
+        def submit_put(self, keys: Any, slots: Any, generation: int = 0) -> int:
+            type(self).puts += len(keys)
+            return super().submit_put(keys, slots, generation)
+
+    register_tier("counting-test", CountingTier)
+    for name in ("memory", "counting-test"):
+        pool = sglang_host_pool("page_first")
+        backend = build(storage_config({"type": name, "capacity_bytes": 1 << 20}), pool)
+        closing.append(backend)
+        names = keys(2)
+        originals = [fill(pool, p, seed=50 + p) for p in range(2)]
+        assert backend.batch_set_v1(names, indices([0, 1])) == [True, True]
+        pool.kv_buffer.zero_()
+        assert backend.batch_get_v1(names, indices([2, 3])) == [True, True]
+        for original, page in zip(originals, (2, 3), strict=True):
+            got = pool.get_data_page(page * PAGE)
+            assert torch.equal(got.view(torch.uint8), original.view(torch.uint8))
+    assert CountingTier.puts == 4  # K and V of two pages
