@@ -404,3 +404,17 @@ def test_any_registered_tier_serves_including_one_registered_here(closing: list[
             got = pool.get_data_page(page * PAGE)
             assert torch.equal(got.view(torch.uint8), original.view(torch.uint8))
     assert CountingTier.puts == 4  # K and V of two pages
+
+
+def test_clear_empties_the_disk_tiers_namespace(tmp_path: Path, closing: list[Any]) -> None:
+    """SGLang's ``/flush_cache`` calls ``clear``: every record of the namespace goes."""
+    pool = sglang_host_pool("page_first")
+    backend = build(storage_config(disk(tmp_path)), pool)
+    closing.append(backend)
+    names = keys(3)
+    for p in range(3):
+        fill(pool, p, seed=60 + p)
+    assert backend.batch_set_v1(names, indices([0, 1, 2])) == [True] * 3
+    backend.clear()
+    assert backend.batch_exists(names) == 0
+    assert backend.tier_stats()["records"] == 0
