@@ -14,6 +14,8 @@
 # environment reinstalls nothing that is already at its pinned version.
 #
 # Environment variables:
+#   VLLM_VERSION           0.33.0 or 0.34.0 (default 0.34.0): the releases the integration is
+#                          tested with, each with its own pins below
 #   KVOFFLOAD_VLLM_VENV    where the environment goes (default: <repo>/../vllm-env)
 #   KVOFFLOAD_VLLM_WHEELS  wheel cache (default: ~/.cache/kvoffload-vllm-wheels)
 #   PYTHON                 interpreter for the venv (default: python3; 3.10+)
@@ -27,13 +29,24 @@ PYTHON="${PYTHON:-python3}"
 VENV="${KVOFFLOAD_VLLM_VENV:-$(dirname "$REPO")/vllm-env}"
 WHEELS="${KVOFFLOAD_VLLM_WHEELS:-$HOME/.cache/kvoffload-vllm-wheels}"
 
-VLLM_VERSION=0.33.0
+VLLM_VERSION="${VLLM_VERSION:-0.34.0}"
 
-# Everything the vLLM manager's import chain needs, pinned (versions within vLLM 0.33.0's own
-# requirement ranges where it states one). vLLM 0.33.0 asks for torch 2.14.0; 2.13.0 imports and
-# runs the (pure-Python) manager fine.
+# What differs between the releases' import chains (found by trying the import).
+case "$VLLM_VERSION" in
+  0.33.0) VERSION_PINS=(openai-harmony==0.0.8) ;;
+  0.34.0) VERSION_PINS=() ;;
+  *)
+    echo "setup_vllm_env.sh: no pins for vLLM $VLLM_VERSION (tested: 0.33.0, 0.34.0)" >&2
+    exit 2
+    ;;
+esac
+
+# Everything the vLLM manager's import chain needs, pinned (versions within vLLM's own
+# requirement ranges where it states one). vLLM 0.33 and 0.34 ask for torch 2.14.0; 2.13.0
+# imports and runs the (pure-Python) manager fine.
 PINS=(
   "vllm==$VLLM_VERSION"
+  "${VERSION_PINS[@]}"
   "torch==2.13.0+cpu"
   # torch's own requirements
   filelock==4.3.1 fsspec==2026.9.0 Jinja2==3.1.6 MarkupSafe==3.0.4 mpmath==1.3.0
@@ -44,7 +57,7 @@ PINS=(
   cbor2==6.3.0 certifi==2026.10.19.post1 charset-normalizer==3.5.3 cloudpickle==3.1.3
   fastapi==0.136.3 frozenlist==1.8.0 h11==0.16.0 httpcore2==2.16.2 httpx2==2.16.2
   huggingface_hub==2.4.0 idna==3.20 llguidance==1.7.6 msgspec==0.23.0 multidict==7.2.1
-  numpy==2.4.6 openai==3.57.0 openai-harmony==0.0.8 opentelemetry-api==1.45.2
+  numpy==2.4.6 openai==3.57.0 opentelemetry-api==1.45.2
   packaging==26.4 partial-json-parser==0.2.1.1.post7 pillow==13.0.0
   prometheus_client==0.26.0 propcache==0.5.4 psutil==7.2.2 py-cpuinfo==9.0.0
   pybase64==1.5.1 pydantic==2.14.4 pydantic_core==2.50.5 PyYAML==6.0.4 pyzmq==27.3.0
@@ -78,8 +91,9 @@ fill_cache() {
 fill_cache "${PINS[@]}"
 fill_cache "${BUILD_PINS[@]}"
 
+# --no-compile: only what the tests import gets byte-compiled (on import), not all of vLLM.
 echo "== installing pinned wheels (--no-deps, offline from the cache)"
-"${PIP[@]}" install --quiet --no-deps --no-index --find-links "$WHEELS" "${PINS[@]}"
+"${PIP[@]}" install --quiet --no-deps --no-compile --no-index --find-links "$WHEELS" "${PINS[@]}"
 
 echo "== installing kvoffload editable from $REPO"
 "${PIP[@]}" install --quiet --no-deps --no-index --find-links "$WHEELS" -e "$REPO"

@@ -8,9 +8,11 @@ call sequence; ``-rP`` shows each policy's hit counts.
 from __future__ import annotations
 
 import functools
+import inspect
 import json
 import logging
 import re
+import subprocess
 import sys
 import textwrap
 from collections.abc import Collection, Iterable, Iterator
@@ -280,14 +282,60 @@ def test_older_vllm_policy_api_is_rejected_and_untested_releases_warn(
     with pytest.raises(
         ImportError,
         match=r"vLLM 0\.32\.0 is not supported.*CachePolicy\.on_request_access, "
-        r"CachePolicy\.insert\(key, chunk, req_context\).*pip install 'vllm>=0\.33,<0\.34'",
+        r"CachePolicy\.insert\(key, chunk, req_context\).*pip install 'vllm>=0\.33,<0\.35'",
     ):
         vllm_api.check_supported(Vllm032ShapedPolicy, "0.32.0")
     with caplog.at_level(logging.WARNING, logger=vllm_api.__name__):
-        vllm_api.check_supported(VllmCachePolicy, vllm_api.TESTED_VLLM_VERSIONS[0])
+        for tested in ("0.33.0", "0.34.0"):
+            vllm_api.check_supported(VllmCachePolicy, tested)
         assert caplog.text == ""
-        vllm_api.check_supported(VllmCachePolicy, "0.34.0")
-    assert "vLLM 0.34.0 is installed" in caplog.text
+        vllm_api.check_supported(VllmCachePolicy, "0.35.0")
+    (record,) = caplog.records
+    assert "\n" not in record.getMessage()
+    assert "vLLM 0.35.0 is newer and untested" in record.getMessage()
+
+
+def test_an_unknown_newer_vllm_imports_with_one_warning_line() -> None:
+    """Both adapters import under a vLLM that reports a release newer than any tested."""
+    script = textwrap.dedent(
+        """
+        import logging
+        from importlib import metadata
+
+        real = metadata.version
+        metadata.version = lambda name: "0.35.0" if name == "vllm" else real(name)
+        logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
+        import kvoffload.integrations.vllm
+        import kvoffload.integrations.vllm_policy_adapter
+        import kvoffload.integrations.vllm_tiers
+        print("imported", kvoffload.integrations.vllm.VLLM_VERSION)
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300, check=False
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "imported 0.35.0"
+    ours = [line for line in done.stderr.splitlines() if "kvoffload" in line]
+    assert len(ours) == 1, done.stderr[-2000:]
+    assert ours[0].startswith("WARNING ") and "vLLM 0.35.0 is newer and untested" in ours[0]
+
+
+# ------------------------------------------------------ each version's policy contract
+def test_forward_adapter_has_touch_exactly_when_vllms_policy_api_does() -> None:
+    """0.33: touch is abstract in vLLM's CachePolicy and its manager forwards it; 0.34: gone."""
+    assert ("touch" in VllmCachePolicy.__abstractmethods__) == vllm_api.POLICY_HAS_TOUCH
+    assert hasattr(VllmManager, "touch") == vllm_api.POLICY_HAS_TOUCH
+    for cls in kv_vllm.POLICY_CLASSES.values():
+        assert hasattr(cls, "touch") == vllm_api.POLICY_HAS_TOUCH, cls
+        assert not inspect.isabstract(cls), cls
+    if vllm_api.POLICY_HAS_TOUCH:  # vLLM's manager.touch reaches our policy
+        manager = VllmManager(2, cache_policy="LRUCachePolicy", cache_policy_module_path=MODULE)
+        a, b, c = vkey(1), vkey(2), vkey(3)
+        store(manager, VllmReqContext(req_id="1"), [a])
+        store(manager, VllmReqContext(req_id="2"), [b])
+        manager.touch([a], VllmReqContext(req_id="3"))
+        assert store(manager, VllmReqContext(req_id="4"), [c]) == [b]
 
 
 # ------------------------------------------------------ forward adapter semantics
@@ -474,6 +522,33 @@ def test_reverse_adapter_makes_the_calls_vllms_manager_makes(tiny_module: Any) -
     a, b, _c, d, e = (vkey(i) for i in range(5))
     assert finished[1] == ("on_request_finished", ((a, b, d, e),), {d, e}, {a, b}, "r2")
     assert ("evict", (vkey(2),)) in our_log  # the 4-slot FIFO drops r1's tail for r2's
+
+
+def test_a_touch_without_a_request_follows_the_installed_contract(tiny_module: Any) -> None:
+    """Our ``touch(keys)``: 0.33's ``policy.touch``; on 0.34 (no touch) a request of its own."""
+    log = tiny_module.TinyFIFO.log
+    log.clear()
+    ours = CPUOffloadingManager(4, cache_policy=f"{tiny_module.__name__}:TinyFIFO")
+    a, b = vkey(1), vkey(2)
+    ctx = ReqContext(req_id="r1")
+    ours.on_new_request(ctx)
+    out = ours.prepare_store([a], ctx)
+    assert out is not None
+    ours.complete_store(out.keys_to_store, ctx)
+    ours.on_request_finished(ctx)
+    log.clear()
+    ours.touch([a, b])  # a stored and ready, b absent
+    if vllm_api.POLICY_HAS_TOUCH:
+        assert log == [("touch", (a, b))]
+    else:
+        assert log == [
+            ("on_store_miss", (b,)),
+            ("on_request_access", (a, b)),
+            ("on_request_finished", ((a, b),), frozenset(), frozenset({a}), ""),
+        ]
+        log.clear()
+        ours.touch([a])  # a new request each time, never "already seen"
+        assert [call[0] for call in log] == ["on_request_access", "on_request_finished"]
 
 
 def test_simulate_runs_a_vllm_policy_like_the_same_builtin(

@@ -24,7 +24,7 @@ if importlib.util.find_spec("vllm") is not None:
 )
 def test_importing_an_adapter_says_to_install_vllm(module: str) -> None:
     sys.modules.pop(module, None)
-    with pytest.raises(ImportError, match=r"Install vLLM: pip install 'vllm>=0\.33,<0\.34'"):
+    with pytest.raises(ImportError, match=r"Install vLLM: pip install 'vllm>=0\.33,<0\.35'"):
         importlib.import_module(module)
 
 

@@ -1,4 +1,4 @@
-"""kvoffload's policies inside vLLM's own CPU offloading manager (vLLM 0.33.x).
+"""kvoffload's policies inside vLLM's own CPU offloading manager (vLLM 0.33 and 0.34).
 
 vLLM loads an out-of-tree policy by class name from a module given in the connector config::
 
@@ -23,8 +23,9 @@ How vLLM's calls reach our policy (same order as our own manager, so hit counts 
 * ``on_request_access(keys)`` -> ``touch(keys)``: vLLM calls it once per request and key, for
   loaded keys and for offered keys that are absent or ready, which is exactly when our manager
   touches. ``on_store_miss`` is therefore ignored (its keys reach ``on_request_access`` next).
-* ``on_request_finished(..., req_context)`` -> ``on_request_finished(ctx)``; ``touch`` ->
-  ``touch`` (only vLLM's ``manager.touch`` calls it).
+* ``on_request_finished(..., req_context)`` -> ``on_request_finished(ctx)``.
+* ``touch`` -> ``touch``, on vLLM 0.33 only (only its ``manager.touch`` calls it); 0.34's
+  ``CachePolicy`` has no ``touch``, so the class has none there either.
 * ``mark_evictable``: vLLM's manager releases a completed batch head first; our policies expect
   tail first, so that the request's head ends most recent (``kvoffload.policies.base``). The
   adapter queues consecutive ``mark_evictable`` calls and hands them over reversed before the
@@ -51,6 +52,7 @@ from typing import Any, ClassVar
 
 from kvoffload.context import ReqContext
 from kvoffload.integrations.vllm_api import (
+    POLICY_HAS_TOUCH,
     TESTED_VLLM_VERSIONS,
     VLLM_VERSION,
     ChunkStatus,
@@ -193,22 +195,30 @@ class KVOffloadPolicy(VllmCachePolicy):  # type: ignore[misc]
         self._hand_over_released()
         self.policy.remove(key)
 
-    def touch(self, keys: Iterable[OffloadKey], req_context: VllmReqContext | None = None) -> None:
+    def _touch(
+        self, keys: Iterable[OffloadKey], req_context: VllmReqContext | None
+    ) -> tuple[list[OffloadKey], ReqContext]:
         self._hand_over_released()
         keys = list(keys)
-        self.policy.touch(keys, self._context(req_context, keys))
+        ctx = self._context(req_context, keys)
+        self.policy.touch(keys, ctx)
+        return keys, ctx
+
+    if POLICY_HAS_TOUCH:  # vLLM 0.33's contract; 0.34 dropped touch from CachePolicy
+
+        def touch(
+            self, keys: Iterable[OffloadKey], req_context: VllmReqContext | None = None
+        ) -> None:
+            self._touch(keys, req_context)
 
     def on_store_miss(self, keys: Iterable[OffloadKey], req_context: VllmReqContext) -> None:
         """Ignored: the same keys reach ``on_request_access`` right after, once per request."""
 
     def on_request_access(self, keys: Iterable[OffloadKey], req_context: VllmReqContext) -> None:
-        self._hand_over_released()
-        keys = list(keys)
-        ctx = self._context(req_context, keys)
-        self.policy.touch(keys, ctx)
+        touched, ctx = self._touch(keys, req_context)
         recorder = self.recorder
         if recorder is not None and req_context is not None:
-            recorder.add_keys(ctx, keys)
+            recorder.add_keys(ctx, touched)
 
     def on_request_finished(
         self,

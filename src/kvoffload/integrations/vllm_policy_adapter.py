@@ -3,7 +3,8 @@
 ``kvoffload simulate --policy mymodule:MyVLLMPolicy`` (or any factory lookup) finds a class that
 subclasses vLLM's ``vllm.v1.kv_offload.cpu.policies.base.CachePolicy`` and wraps it with
 :func:`adapt_vllm_policy` automatically; nothing to write. The wrapper makes the calls vLLM's
-own CPU offloading manager (0.33) makes, from the calls our manager makes:
+own CPU offloading manager (0.33 or 0.34, whichever is installed) makes, from the calls our
+manager makes:
 
 * statuses: the vLLM policy gets real ``ChunkStatus`` objects whose ``ref_cnt`` *is* our
   manager's ``BlockStatus.ref_cnt`` (a live view, so every pin count change is seen) and whose
@@ -16,7 +17,11 @@ own CPU offloading manager (0.33) makes, from the calls our manager makes:
   ctx)``, once per request and cache generation, each group sorted by token position when
   every key has one.
 * ``mark_evictable_many`` (ours releases a batch tail first) -> ``mark_evictable`` per key head
-  first, vLLM's order. ``touch`` without a request context -> the policy's plain ``touch``.
+  first, vLLM's order.
+* ``touch`` without a request context (our manager's ``touch(keys)``, vLLM 0.33's
+  ``manager.touch``): on 0.33 the policy's own ``touch``; 0.34's policies have none, so there
+  it is a request of its own, made as 0.34's manager makes one: ``on_store_miss`` for the absent
+  keys, ``on_request_access``, then ``on_request_finished`` with the present ready keys reused.
 
 Known protocol differences from vLLM's manager (see ``docs/vllm.md``): our manager touches a
 store's keys only when the store fits (vLLM reports them before it knows), and pins a load's
@@ -32,6 +37,7 @@ from typing import Any, ClassVar
 
 from kvoffload.context import ReqContext
 from kvoffload.integrations.vllm_api import (
+    POLICY_HAS_TOUCH,
     ChunkStatus,
     VllmCachePolicy,
     VllmReqContext,
@@ -153,7 +159,12 @@ class VllmPolicyAdapter(CachePolicy):
     def touch(self, keys: Iterable[OffloadKey], req_context: ReqContext | None = None) -> None:
         keys = list(keys)
         if req_context is None:
-            self.vllm_policy.touch(keys, self._vllm_context(None, keys))
+            if POLICY_HAS_TOUCH:
+                self.vllm_policy.touch(keys, self._vllm_context(None, keys))
+            else:
+                one_off = ReqContext()
+                self.touch(keys, one_off)
+                self.on_request_finished(one_off)
             return
         access = self._access(req_context)
         vllm_ctx = self._vllm_context(req_context, keys)

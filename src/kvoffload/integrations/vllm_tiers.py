@@ -1,6 +1,6 @@
 """kvoffload's tiers inside vLLM's own tiering manager, by configuration alone.
 
-vLLM 0.33 cascades KV from its CPU tier to secondary tiers and loads an out-of-tree tier by
+vLLM 0.33 and 0.34 cascade KV from the CPU tier to secondary tiers and load an out-of-tree tier by
 ``type`` (a class name) plus ``module_path``, the way it loads our policies. This module holds
 those classes: each wraps one of our :class:`~kvoffload.tiers.Tier` s behind vLLM's
 ``SecondaryTierManager`` contract::
@@ -20,9 +20,12 @@ Mapping of the contract (vLLM's words on the left):
 * ``submit_store`` / ``submit_load`` -> ``Tier.submit_put`` / ``submit_get`` on vLLM's primary
   chunk ids, read from and written into vLLM's primary memory view (no copy of our own).
 * ``get_finished_jobs`` -> ``Tier.poll``: each job exactly once; a partly failed promotion
-  names its successful keys, so vLLM keeps those and frees the rest. A key whose load failed
-  is a MISS for ``failed_load_ttl_s`` even if the medium still lists it (a transient read
-  error), so vLLM never promotes it again and again (the livelock of vLLM #49176).
+  names its successful keys, so vLLM keeps those and frees the rest. vLLM 0.34's
+  ``JobResult.deferred_release`` is left ``None``: our tier reports a job only once its copies
+  into vLLM's slots are over, so the slots of a failed promotion are free at once. A key whose
+  load failed is a MISS for ``failed_load_ttl_s`` even if the medium still lists it (a
+  transient read error), so vLLM never promotes it again and again (the livelock of vLLM
+  #49176).
 * ``drain_jobs`` -> ``Tier.drain`` in bounded rounds (in-flight copies are never aborted).
 * ``take_events`` -> vLLM ``OffloadingEvent`` s for stored and evicted records, only when
   vLLM's KV events are on and the tier's ``enable_kv_events`` is set (as for vLLM's fs tier:
