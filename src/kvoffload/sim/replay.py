@@ -45,7 +45,7 @@ from kvoffload.manager import CPUOffloadingManager, LookupResult
 from kvoffload.sim.drive import access_blocks
 from kvoffload.sim.hit_lengths import HitLengths, summarize_hit_lengths
 from kvoffload.sim.records import Trace, TraceRequest
-from kvoffload.sim.windows import Measure, WindowFigures, window_figures
+from kvoffload.sim.windows import HitRatios, Measure, WindowFigures, window_figures
 
 REPLAY_MODES = ("prefix", "blocks")
 
@@ -122,7 +122,7 @@ class ReplayOptions:
 
 
 @dataclass
-class ReplayResult:
+class ReplayResult(HitRatios):
     """Everything one replay measured (ratios are of block accesses unless named otherwise).
 
     ``prefix_hit_blocks`` counts each request's leading run of hits, the part a prefix cache
@@ -160,18 +160,6 @@ class ReplayResult:
     measure: Measure | None = None  # set when the replay had a warm-up or windows
     measured: WindowFigures | None = None
     windows: list[WindowFigures] = field(default_factory=list)
-
-    @property
-    def block_hit_ratio(self) -> float:
-        return self.block_hits / self.block_accesses if self.block_accesses else 0.0
-
-    @property
-    def prefix_hit_ratio(self) -> float:
-        return self.prefix_hit_blocks / self.block_accesses if self.block_accesses else 0.0
-
-    @property
-    def token_hit_ratio(self) -> float:
-        return self.token_hits / self.tokens if self.tokens else 0.0
 
     @property
     def blocks_per_s(self) -> float:

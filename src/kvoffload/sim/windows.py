@@ -79,8 +79,30 @@ def request_windows(trace: Trace, measure: Measure) -> list[int]:
     return out
 
 
+class HitRatios:
+    """The three hit ratios of anything that counts accesses, hits and tokens."""
+
+    block_accesses: int
+    block_hits: int
+    prefix_hit_blocks: int
+    tokens: int
+    token_hits: int
+
+    @property
+    def block_hit_ratio(self) -> float:
+        return self.block_hits / self.block_accesses if self.block_accesses else 0.0
+
+    @property
+    def prefix_hit_ratio(self) -> float:
+        return self.prefix_hit_blocks / self.block_accesses if self.block_accesses else 0.0
+
+    @property
+    def token_hit_ratio(self) -> float:
+        return self.token_hits / self.tokens if self.tokens else 0.0
+
+
 @dataclass
-class WindowFigures:
+class WindowFigures(HitRatios):
     """The figures of one window (or of the whole measured part: ``window=None``).
 
     A prefix hit is a request's leading run of hits; a request is a full hit when its whole
@@ -97,18 +119,6 @@ class WindowFigures:
     token_hits: int = 0
     requests_full_hit: int = 0
     requests_any_hit: int = 0
-
-    @property
-    def block_hit_ratio(self) -> float:
-        return self.block_hits / self.block_accesses if self.block_accesses else 0.0
-
-    @property
-    def prefix_hit_ratio(self) -> float:
-        return self.prefix_hit_blocks / self.block_accesses if self.block_accesses else 0.0
-
-    @property
-    def token_hit_ratio(self) -> float:
-        return self.token_hits / self.tokens if self.tokens else 0.0
 
     def to_dict(self) -> dict[str, object]:
         return {
