@@ -14,7 +14,7 @@ is parsed and the keys built before timing, once per library; each replay's requ
 (with the keys' token positions, as vLLM's scheduler records them) are built before its timer.
 
 vLLM is optional: without it only our manager runs, with a note. See benchmarks/README.md for
-the environment (``benchmarks/setup_vllm_env.sh``) in which vLLM's manager imports on a CPU.
+the environment (``tools/setup_vllm_env.sh``) in which vLLM's manager imports on a CPU.
 
     python benchmarks/compare_vllm.py
     python benchmarks/compare_vllm.py --policies lru,arc --capacity 5% --runs 5 --format json
@@ -90,7 +90,7 @@ def load_vllm() -> tuple[Library | None, str]:
     except ImportError as exc:
         return None, (
             f"vLLM's {VLLM_MANAGER_MODULE} is not importable here ({exc}); "
-            "build the environment with benchmarks/setup_vllm_env.sh (see benchmarks/README.md)"
+            "build the environment with tools/setup_vllm_env.sh (see benchmarks/README.md)"
         )
     return (
         Library(

@@ -10,14 +10,9 @@ machine's load affects both sides of each ratio alike.
 
 ``--base-loops`` instead compares each policy with itself on the base class's generic
 ``insert_many`` / ``mark_evictable_many`` loops (its ratio: base loops / its batched
-overrides). A built-in keeps a batched override only where this shows >= 1.10x; at the base
-table change (shared trace, 5%) that kept ARC, LeCaR, MQ, prefix-LRU, retention and SAE, and
-dropped LRU, S3-FIFO, LFUDA, LIRS, W-TinyLFU and KV-aware (0.99x to 1.08x). Those figures
-were optimistic for three of them: against ``c0e8567`` (``ab_versions.py``) the prefix replay
-of W-TinyLFU ran 1.21x, S3-FIFO 1.15x, LFUDA 1.28x, LRU 1.10x. Rewritten batched overrides
-read 1.12-1.15x (W-TinyLFU), 1.09-1.12x (S3-FIFO) and 1.17x (LFUDA) here, so they are back;
-LRU's read 1.04-1.10x and are kept anyway, for the speed they keep (see
-``LRUCachePolicy.insert_many``).
+overrides). A built-in keeps a batched override only where this shows a clear gain (the
+rule asks >= 1.10x; LRU's are kept just below it, see ``LRUCachePolicy.insert_many``).
+Current figures: ``docs/benchmarks.md``.
 """
 
 from __future__ import annotations

@@ -246,8 +246,11 @@ def ceiling_socket(url: str, values: list[bytes], connections: int) -> tuple[flo
     return put_s, get_s
 
 
-def ours(tier: RedisTier, keys: list[bytes], job: int) -> tuple[float, float]:
+def ours(tier: RedisTier, keys: list[bytes], job: int) -> tuple[float, float, float, float]:
+    """Wall seconds of the puts and of the gets, then the process CPU seconds of each (every
+    thread: the tier's workers included)."""
     n = len(keys)
+    cpu = time.process_time()
     started = time.perf_counter()
     for start in range(0, n, job):
         part = list(range(start, min(n, start + job)))
@@ -255,7 +258,9 @@ def ours(tier: RedisTier, keys: list[bytes], job: int) -> tuple[float, float]:
     assert tier.drain(600)
     results = tier.poll()
     put = time.perf_counter() - started
+    put_cpu = time.process_time() - cpu
     assert all(r.all_ok for r in results), "a put failed"
+    cpu = time.process_time()
     started = time.perf_counter()
     for start in range(0, n, job):
         part = list(range(start, min(n, start + job)))
@@ -263,8 +268,9 @@ def ours(tier: RedisTier, keys: list[bytes], job: int) -> tuple[float, float]:
     assert tier.drain(600)
     results = tier.poll()
     get = time.perf_counter() - started
+    get_cpu = time.process_time() - cpu
     assert all(r.all_ok for r in results), "a get failed"
-    return put, get
+    return put, get, put_cpu, get_cpu
 
 
 def redis_benchmark(port: int, nbytes: int, requests: int) -> dict[str, float]:
@@ -308,6 +314,12 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=1, help="tier worker threads (default 1)")
     parser.add_argument("--secret", action="store_true", help="sign records (keyed BLAKE2b)")
     parser.add_argument("--checksum", default="xxh3", choices=["xxh3", "blake2b"])
+    parser.add_argument(
+        "--tokens",
+        type=lambda text: [int(t) for t in text.split(",")],
+        default=[16, 512],
+        help="tokens per block, comma-separated (default 16,512; 1 token is 4 KiB a layer)",
+    )
     parser.add_argument("--quick", action="store_true", help="64 MiB, 3 rounds")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     args = parser.parse_args()
@@ -320,7 +332,7 @@ def main() -> None:
     client = redis.Redis.from_url(url)
     rows = []
     try:
-        for tokens in (16, 512):
+        for tokens in args.tokens:
             nbytes = tokens * KV_BYTES_PER_TOKEN_LAYER * args.layers
             count = max(16, (args.mib << 20) // nbytes)
             memory = BytearraySlotMemory(nbytes, min(count, 64))
@@ -337,6 +349,8 @@ def main() -> None:
                 secret=b"benchmark-secret-0123" if args.secret else None,
             )
             ratios: dict[str, list[float]] = {"put": [], "get": []}
+            cpu_us: dict[str, list[float]] = {"put": [], "get": []}
+            wall_us: dict[str, list[float]] = {"put": [], "get": []}
             gbps: dict[str, list[float]] = {
                 f"{loop}{op}": []
                 for loop in ("", "raw ", "redis-py ", "socket ")
@@ -349,7 +363,11 @@ def main() -> None:
                 client.flushdb()
                 sock_put, sock_get = ceiling_socket(url, values, args.workers)
                 client.flushdb()
-                our_put, our_get = ours(tier, keys, args.job)
+                our_put, our_get, put_cpu, get_cpu = ours(tier, keys, args.job)
+                cpu_us["put"].append(put_cpu / count * 1e6)
+                cpu_us["get"].append(get_cpu / count * 1e6)
+                wall_us["put"].append(our_put / count * 1e6)
+                wall_us["get"].append(our_get / count * 1e6)
                 total = count * nbytes
                 for name, py, sock, our in (
                     ("put", py_put, sock_put, our_put),
@@ -385,6 +403,8 @@ def main() -> None:
                         "ratio": statistics.median(ratios[name]),
                         "ratio_iqr": [q[0], q[2]],
                         "redis_benchmark_gbps": own.get("set" if name == "put" else "get"),
+                        "ours_wall_us_per_record": statistics.median(wall_us[name]),
+                        "ours_cpu_us_per_record": statistics.median(cpu_us[name]),
                     }
                 )
     finally:
@@ -406,7 +426,8 @@ def main() -> None:
     print(f"# {meta}")
     print(
         f"{'tokens':>6} {'record':>9} {'op':>4} {'ours GB/s':>10} {'raw GB/s':>9} "
-        f"{'ratio':>6} {'IQR':>13} {'redis-py':>9} {'socket':>7} {'redis-benchmark':>16}"
+        f"{'ratio':>6} {'IQR':>13} {'redis-py':>9} {'socket':>7} {'redis-benchmark':>16} "
+        f"{'us/rec':>7} {'cpu us/rec':>10}"
     )
     for row in rows:
         rb = row["redis_benchmark_gbps"]
@@ -415,7 +436,8 @@ def main() -> None:
             f"{row['ours_gbps']:>10.2f} {row['ceiling_gbps']:>9.2f} {row['ratio']:>6.2f} "
             f"{row['ratio_iqr'][0]:>6.2f}-{row['ratio_iqr'][1]:<6.2f} "
             f"{row['redis_py_gbps']:>9.2f} {row['socket_gbps']:>7.2f} "
-            f"{'' if rb is None else f'{rb:.2f}':>16}"
+            f"{'' if rb is None else f'{rb:.2f}':>16} "
+            f"{row['ours_wall_us_per_record']:>7.1f} {row['ours_cpu_us_per_record']:>10.1f}"
         )
     print(
         "# raw GB/s: the faster raw loop of each round (redis-py pipeline or bare socket), "

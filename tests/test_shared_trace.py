@@ -45,7 +45,7 @@ def test_a_run_without_the_trace_prints_one_notice_with_how_to_get_it(tmp_path: 
             "-p",
             "no:cacheprovider",
             "tests/sim/test_traces.py::test_shared_trace_figures",
-            "tests/test_cli.py::test_bounds_on_the_shared_trace",
+            "tests/cli/test_cli.py::test_bounds_on_the_shared_trace",
         ],
         cwd=ROOT,
         env=env,

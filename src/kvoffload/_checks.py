@@ -8,7 +8,8 @@ same error through a config, the CLI and a constructor. ``bool`` is never a numb
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Mapping
 from typing import Any
 
 
@@ -94,4 +95,53 @@ def check_callable(name: str, value: object, accepts: str) -> Callable[..., Any]
     return value
 
 
-__all__ = ["check_bool", "check_callable", "check_int", "check_number"]
+#: Words of a parameter name that make its value a secret (``password``, ``ssl_password``,
+#: ``secret``, ``auth_token``; not ``max_tokens``).
+_SECRET_WORDS = frozenset(
+    ("password", "passwd", "secret", "token", "credential", "credentials", "apikey")
+)
+_URL_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)[^/@\s]*@")
+_URL_QUERY_SECRET = re.compile(
+    r"(?P<name>[?&;](?:[^=&;#\s]*(?:password|secret|passwd|token)[^=&;#\s]*)=)[^&;#\s]*",
+    re.IGNORECASE,
+)
+MASK = "***"
+
+
+def is_secret_name(name: str) -> bool:
+    """Whether a parameter called ``name`` holds a secret (``password``, ``secret``, ...)."""
+    return any(word in _SECRET_WORDS for word in re.split(r"[^a-z0-9]+", name.lower()))
+
+
+def redact_url(text: str) -> str:
+    """``text`` with every URL's ``user:password@`` and ``?password=`` values as ``***``."""
+    text = _URL_USERINFO.sub(lambda m: f"{m.group('scheme')}{MASK}@", text)
+    return _URL_QUERY_SECRET.sub(lambda m: f"{m.group('name')}{MASK}", text)
+
+
+def redact(name: str, value: object) -> object:
+    """``value`` fit for a log line or a repr: ``***`` for a secret-named parameter, URLs in
+    text with their credentials masked, mappings and sequences masked item by item."""
+    if value is None:
+        return None
+    if is_secret_name(name):
+        return MASK
+    if isinstance(value, str):
+        return redact_url(value) if "://" in value else value
+    if isinstance(value, Mapping):
+        return {k: redact(str(k), v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(redact(name, v) for v in value)
+    return value
+
+
+__all__ = [
+    "MASK",
+    "check_bool",
+    "check_callable",
+    "check_int",
+    "check_number",
+    "is_secret_name",
+    "redact",
+    "redact_url",
+]

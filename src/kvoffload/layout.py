@@ -8,6 +8,10 @@ Supported tensor kinds (``B`` = device blocks, ``T`` = tokens per block, ``H`` =
 * ``"kv_first"``     ``[2, B, T, H, D]``: K then V (FlashAttention's layout); two byte views.
 * ``"blocks_first"`` ``[B, 2, T, H, D]``: K and V inside each block (FlashInfer's layout).
 * ``"mla"``          ``[B, T, dim]``: one latent vector per token (MLA models).
+* ``"heads_first"``  ``[2, H, B, T, D]``: K then V, each head's tokens contiguous. ``t[0]``
+  viewed as ``[1, H, B*T, D]`` is a batch-1 ``[batch, kv_heads, seq, head_dim]`` cache (Hugging
+  Face's per-layer layout) whose block ``b`` holds tokens ``b*T .. b*T+T-1``; a block is
+  ``2*H`` pages (one per K/V and head).
 
 Tensors belong to KV-cache groups (``0 .. G-1``); all tensors of one group share the device
 block ids, so they share ``B`` and ``T``. An offloaded *chunk* is ``blocks_per_chunk``
@@ -22,7 +26,7 @@ from typing import Any
 
 from kvoffload._checks import check_int
 
-KINDS = ("kv_first", "blocks_first", "mla")
+KINDS = ("kv_first", "blocks_first", "mla", "heads_first")
 
 #: dtype name -> element size in bytes. fp8 caches may also be given as ``uint8``.
 DTYPE_SIZES: dict[str, int] = {
@@ -41,6 +45,7 @@ _EXPECTED_SHAPES = {
     "kv_first": "[2, num_blocks, block_size, num_kv_heads, head_size]",
     "blocks_first": "[num_blocks, 2, block_size, num_kv_heads, head_size]",
     "mla": "[num_blocks, block_size, latent_dim]",
+    "heads_first": "[2, num_kv_heads, num_blocks, block_size, head_size]",
 }
 
 WORD_SIZES = (8, 4, 2, 1)
@@ -84,8 +89,10 @@ class KVTensorLayout:
             )
         for i, d in enumerate(shape):
             check_int(f"{where}: shape[{i}]", d, 1, why=f" (kind {self.kind!r}: {expected})")
-        if self.kind == "kv_first" and shape[0] != 2:
-            raise ValueError(f"{where}: kind 'kv_first' needs shape[0] == 2 (K, V), got {shape[0]}")
+        if self.kind in ("kv_first", "heads_first") and shape[0] != 2:
+            raise ValueError(
+                f"{where}: kind {self.kind!r} needs shape[0] == 2 (K, V), got {shape[0]}"
+            )
         if self.kind == "blocks_first" and shape[1] != 2:
             raise ValueError(
                 f"{where}: kind 'blocks_first' needs shape[1] == 2 (K, V), got {shape[1]}"
@@ -94,11 +101,15 @@ class KVTensorLayout:
     @property
     def num_blocks(self) -> int:
         """Device blocks in this tensor."""
+        if self.kind == "heads_first":
+            return self.shape[2]
         return self.shape[1] if self.kind == "kv_first" else self.shape[0]
 
     @property
     def block_size(self) -> int:
         """Tokens per device block."""
+        if self.kind == "heads_first":
+            return self.shape[3]
         return self.shape[2] if self.kind in ("kv_first", "blocks_first") else self.shape[1]
 
     @property
@@ -107,7 +118,10 @@ class KVTensorLayout:
 
     @property
     def num_views(self) -> int:
-        """Contiguous per-block byte ranges per device block: 2 (K, V) for kv_first, else 1."""
+        """Contiguous per-block byte ranges per device block: 2 (K, V) for kv_first, 2 per
+        KV head for heads_first (K heads, then V heads), else 1."""
+        if self.kind == "heads_first":
+            return 2 * self.shape[1]
         return 2 if self.kind == "kv_first" else 1
 
     @property
@@ -130,7 +144,7 @@ class SlotRegion:
     """Where one view of one tensor lives inside a slot: ``blocks_per_chunk`` pages back to back."""
 
     tensor_index: int  # index into KVCacheLayout.tensors
-    view_index: int  # 0 = K (or the whole block), 1 = V for kv_first
+    view_index: int  # 0 = K (or the whole block), 1 = V for kv_first; kv * heads + head
     offset: int  # byte offset inside the slot
     page_bytes: int  # bytes of one device block of this view
 

@@ -17,6 +17,7 @@ for the policy unless the caller brackets several with :meth:`begin_request` /
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import logging
 import math
@@ -29,8 +30,9 @@ from typing import Any
 import torch
 
 from kvoffload._checks import check_int, check_number
+from kvoffload._sizes import parse_size
 from kvoffload.context import ReqContext
-from kvoffload.keys import OffloadKey, make_offload_key
+from kvoffload.keys import OffloadKey, hash_token_blocks, make_offload_key, namespace_fingerprint
 from kvoffload.layout import KVCacheLayout
 from kvoffload.manager import LookupResult, OffloadingManager, OffloadingStats
 from kvoffload.spec import OffloadingConfig, OffloadingSpec, OffloadingSpecFactory
@@ -40,7 +42,8 @@ logger = logging.getLogger(__name__)
 
 
 class TransferError(RuntimeError):
-    """A load's copy failed; the manager was left consistent (pins released)."""
+    """A copy failed (a load, a waited-for store, or background stores failing in a row);
+    the manager was left consistent (pins released, the failed chunks dropped)."""
 
 
 @dataclass(frozen=True)
@@ -81,11 +84,18 @@ class KVOffloader:
 
     Args:
         kv_caches: the engine's KV tensors (a sequence, or a mapping name -> tensor).
-        cpu_bytes: host memory for the tier; slots = ``cpu_bytes // slot bytes``.
+        cpu_bytes: host memory for the tier, bytes or a size (``"8GiB"``); slots =
+            ``cpu_bytes // slot bytes``.
         policy: eviction policy name (``"lru"``, ``"arc"``, ... or ``"module:Class"``).
         layout: the tensors' layout; default ``KVCacheLayout.from_tensors(kv_caches, kind,
             groups)``.
         kind / groups: passed to ``from_tensors`` when ``layout`` is not given.
+        max_failed_stores: background stores (``wait=False``) failing one after another
+            before the next call raises :class:`TransferError`: a worker that fails every
+            job (a broken device, tensors it cannot write) is an error, not a log line.
+        namespace: a model's identity (a ``model_id``, or a digest of its config and
+            weights). It is mixed into every key, so the blocks of two models (two fine-tunes
+            of one shape) never meet on any tier, the disk and a shared Redis included.
         tier_wait_s: with secondary tiers, how long ``lookup`` waits for a prefix's blocks to
             be promoted into the CPU tier (or for a remote tier's answer) before it counts
             what is readable by then.
@@ -101,27 +111,54 @@ class KVOffloader:
     def __init__(
         self,
         kv_caches: Sequence[torch.Tensor] | Mapping[str, torch.Tensor],
-        cpu_bytes: int,
+        cpu_bytes: int | str,
         policy: str = "lru",
         *,
         layout: KVCacheLayout | None = None,
         kind: str | Sequence[str] = "kv_first",
         groups: Sequence[int] | None = None,
         tier_wait_s: float = 2.0,
+        max_failed_stores: int = 3,
+        namespace: str | bytes | None = None,
         **config: Any,
     ) -> None:
+        if namespace is not None and not isinstance(namespace, (str, bytes)):
+            raise TypeError(
+                f"namespace must be a str or bytes (a model id) or None, got "
+                f"{type(namespace).__name__}"
+            )
+        if namespace is not None and not namespace:
+            raise ValueError("namespace must be a non-empty str or bytes (a model id) or None")
+        #: Mixed into every key (so into every tier's records): two models never share one.
+        self._namespace: bytes | None = (
+            None if namespace is None else namespace_fingerprint(namespace=namespace)
+        )
+        check_int("max_failed_stores", max_failed_stores, 1)
+        self.max_failed_stores = max_failed_stores
+        self._failed_in_a_row = 0  # background stores failed since the last success
+        self._last_store_error: str | None = None
         if tier_wait_s != math.inf:  # inf: wait for the tiers as long as they take
             check_number("tier_wait_s", tier_wait_s, 0, why=" (seconds) or inf")
         self.tier_wait_s = float(tier_wait_s)
+        if isinstance(cpu_bytes, float) and math.isfinite(cpu_bytes) and cpu_bytes >= 1:
+            cpu_bytes = int(cpu_bytes)  # floored, as the config's cpu_bytes_to_use is
+        cpu_bytes = parse_size("cpu_bytes", cpu_bytes, 1)
         if layout is None:
             layout = KVCacheLayout.from_tensors(kv_caches, kind, groups)
-        cfg = OffloadingConfig.from_extra_config(
-            config, cpu_bytes_to_use=cpu_bytes, eviction_policy=policy
-        )
-        spec = OffloadingSpecFactory.create_spec(cfg, layout)
-        self.spec: OffloadingSpec = spec
-        self.manager: OffloadingManager = spec.get_manager()
-        self.worker: TransferWorker = spec.get_worker(kv_caches)
+        try:
+            cfg = OffloadingConfig.from_extra_config(
+                config, cpu_bytes_to_use=cpu_bytes, eviction_policy=policy
+            )
+            spec = OffloadingSpecFactory.create_spec(cfg, layout)
+            self.spec: OffloadingSpec = spec
+            self.manager: OffloadingManager = spec.get_manager()
+            self.worker: TransferWorker = spec.get_worker(kv_caches)
+        except ValueError as exc:
+            # The config's key for the budget is cpu_bytes_to_use; the caller typed cpu_bytes.
+            text = str(exc)
+            if "cpu_bytes_to_use" not in text or "cpu_bytes_to_use" in config:
+                raise
+            raise ValueError(text.replace("config 'cpu_bytes_to_use'", "cpu_bytes")) from None
         self.blocks_per_chunk = spec.blocks_per_chunk
         self._job_ids = itertools.count(1)
         self._stores: dict[int, tuple[list[OffloadKey], ReqContext]] = {}
@@ -167,11 +204,23 @@ class KVOffloader:
 
     # ------------------------------------------------------------------ the API
     def lookup(
-        self, block_hashes: Sequence[bytes], group: int = 0, ctx: ReqContext | None = None
+        self,
+        block_hashes: Sequence[bytes],
+        group: int = 0,
+        ctx: ReqContext | None = None,
+        num_tokens: int | None = None,
     ) -> int:
-        """How many leading device blocks are offloaded and readable now (whole chunks)."""
+        """How many leading device blocks are offloaded and readable now (whole chunks).
+
+        With ``num_tokens`` (the prompt's length) the hit is capped so that at least the
+        prompt's last token is left to compute: an engine needs its logits, so a prompt of
+        exactly ``k`` blocks can hit at most the whole chunks of its first ``k*T - 1`` tokens.
+        """
         self._check_open()
         self._reap()
+        self._raise_if_failing()
+        if num_tokens is not None:
+            block_hashes = block_hashes[: self.max_hit_blocks(num_tokens, group)]
         keys = self._chunk_keys(block_hashes, group)
         if hasattr(self.manager, "lookup_prefix"):
             hits = self._lookup_tiered(keys, ctx)
@@ -184,6 +233,17 @@ class KVOffloader:
         self._counts["lookup_blocks"] += len(block_hashes)
         self._counts["hit_blocks"] += hits * self.blocks_per_chunk
         return hits * self.blocks_per_chunk
+
+    def max_hit_blocks(self, num_tokens: int, group: int = 0) -> int:
+        """The most device blocks a prompt of ``num_tokens`` tokens may load: whole chunks of
+        its first ``num_tokens - 1`` tokens (the last token is always computed)."""
+        check_int("num_tokens", num_tokens, 1, why=" (the prompt's length in tokens)")
+        tokens = self.spec.tokens_per_chunk(self._check_group(group))
+        return (num_tokens - 1) // tokens * self.blocks_per_chunk
+
+    def hash_tokens(self, token_ids: Sequence[int], group: int = 0) -> list[bytes]:
+        """Chained hashes of every full device block of ``token_ids`` (for lookup/load/store)."""
+        return hash_token_blocks(token_ids, self.spec.layout.block_size(self._check_group(group)))
 
     def _lookup_tiered(self, keys: list[OffloadKey], ctx: ReqContext | None) -> int:
         """Leading hits through a tiering manager: promote, wait (bounded), count."""
@@ -260,17 +320,33 @@ class KVOffloader:
         group: int = 0,
         ctx: ReqContext | None = None,
         wait: bool = True,
+        first_block: int = 0,
     ) -> int:
         """Offload the blocks not offloaded yet; return how many device blocks are written.
 
-        A trailing partial chunk is skipped. If the tier cannot make room, nothing is stored
-        and 0 is returned; a failed copy also returns 0 (the manager drops its blocks). With
-        ``wait=False`` the copy runs in the background and completes on a later call (or
-        :meth:`flush`); until then its chunks are not lookup hits.
+        ``block_hashes[i]`` is block ``first_block + i`` of its sequence; chunks are cut from
+        the sequence's start, so ``first_block`` must be a multiple of ``blocks_per_chunk``
+        (passing the whole sequence is simplest: blocks offloaded already are skipped).
+
+        A trailing partial chunk is skipped. 0 means nothing new was written: every chunk
+        was offloaded already, or the tier could not make room (counted in
+        ``stats().stores_without_room``). A failed copy raises :class:`TransferError` (the
+        manager drops its chunks; ``stats().failed_stores`` counts it). With ``wait=False``
+        the copy runs in the background and completes on a later call (or :meth:`flush`);
+        until then its chunks are not lookup hits, and a failure is counted and logged, and
+        after ``max_failed_stores`` failures in a row the next call raises.
         """
         self._check_open()
         device_block_ids = self._check_pairs(block_hashes, device_block_ids)
+        check_int("first_block", first_block, 0)
+        if first_block % self.blocks_per_chunk:
+            raise ValueError(
+                f"first_block {first_block} is not on a chunk boundary: a chunk is "
+                f"{self.blocks_per_chunk} device blocks counted from the sequence's start, so "
+                f"store from a multiple of {self.blocks_per_chunk} (or pass the whole sequence)"
+            )
         self._reap()
+        self._raise_if_failing()
         keys = self._chunk_keys(block_hashes, group)
         if not keys:
             return 0
@@ -307,8 +383,10 @@ class KVOffloader:
         if wait:
             self.worker.wait([job_id])
             finished = self._reap()
-            if not finished[job_id].success:
-                return 0
+            result = finished[job_id]
+            if not result.success:
+                self._failed_in_a_row = 0  # raised here: not counted again as a background one
+                raise TransferError(f"store job {job_id} failed: {result.error}")
         return len(blocks)
 
     def flush(self, tier_timeout_s: float = 30.0) -> None:
@@ -316,6 +394,7 @@ class KVOffloader:
         ``tier_timeout_s``) until the tiers' reads and writes are done."""
         self.worker.wait(list(self._stores))
         self._reap()
+        self._raise_if_failing()
         has_work = getattr(self.manager, "has_pending_work", None)
         if has_work is None or not hasattr(self.manager, "step"):
             return
@@ -353,11 +432,13 @@ class KVOffloader:
         """Finish background stores, stop the worker and release the host memory."""
         if self._closed:
             return
-        self.flush()
-        self._closed = True
-        self.worker.shutdown()
-        self.manager.shutdown()  # drains the tiers, which read and write the host buffer
-        self.worker.host.close()
+        try:
+            self.flush()
+        finally:
+            self._closed = True
+            self.worker.shutdown()
+            self.manager.shutdown()  # drains the tiers, which read and write the host buffer
+            self.worker.host.close()
 
     def __enter__(self) -> KVOffloader:
         return self
@@ -380,9 +461,12 @@ class KVOffloader:
                 self._counts["stored_blocks"] += len(keys) * self.blocks_per_chunk
                 self._counts["stored_bytes"] += result.bytes
                 self._seconds[STORE] += result.seconds
+                self._failed_in_a_row = 0
             else:
                 self._counts["failed_stores"] += 1
-                logger.warning("store job %d failed: %s", result.job_id, result.error)
+                self._failed_in_a_row += 1
+                self._last_store_error = f"store job {result.job_id} failed: {result.error}"
+                logger.warning("%s", self._last_store_error)
         step = getattr(self.manager, "step", None)
         if step is not None:
             step()
@@ -400,7 +484,15 @@ class KVOffloader:
         if isinstance(group, bool) or not isinstance(group, int) or not 0 <= group < num_groups:
             check_int("group", group, 0, num_groups - 1)  # raises; the valid path calls nothing
         last = range(bpc - 1, len(block_hashes), bpc)
-        return [make_offload_key(block_hashes[i], group) for i in last]
+        ns = self._namespace
+        if ns is None:
+            return [make_offload_key(block_hashes[i], group) for i in last]
+        sha = hashlib.sha256
+        return [make_offload_key(sha(ns + bytes(block_hashes[i])).digest(), group) for i in last]
+
+    def _check_group(self, group: int) -> int:
+        num_groups = self.spec.layout.num_groups
+        return check_int("group", group, 0, num_groups - 1)
 
     def _groups(self, group: int, n: int) -> list[int] | None:
         return [group] * n if self.spec.layout.num_groups > 1 else None
@@ -418,6 +510,14 @@ class KVOffloader:
     def _check_open(self) -> None:
         if self._closed:
             raise RuntimeError("the KVOffloader is closed")
+
+    def _raise_if_failing(self) -> None:
+        """Raise once ``max_failed_stores`` background stores failed in a row."""
+        if self._failed_in_a_row >= self.max_failed_stores:
+            n, self._failed_in_a_row = self._failed_in_a_row, 0
+            raise TransferError(
+                f"the last {n} stores all failed, the last with: {self._last_store_error}"
+            )
 
 
 __all__ = ["KVOffloader", "OffloaderStats", "TransferError"]

@@ -230,6 +230,7 @@ class Registry(Generic[T]):
         self._entries: dict[str, _Registration] = {}
         self._aliases: dict[str, str] = {}
         self._lock = threading.RLock()
+        self._warned: set[tuple[str, str]] = set()  # out-of-tree loads warned about
 
     @staticmethod
     def of_subclasses(
@@ -513,6 +514,12 @@ class Registry(Generic[T]):
             ) from exc
 
     def _log_out_of_tree(self, attr: str, module_path: str) -> None:
+        # Once per class and process: a run builds the same plug-in once per replay or
+        # engine, and the warning says nothing new the second time.
+        with self._lock:
+            if (attr, module_path) in self._warned:
+                return
+            self._warned.add((attr, module_path))
         if self._experimental:
             short = self.kind.split()[-1]
             self._logger.warning(

@@ -14,17 +14,20 @@ Importing this module does not import torch: only ``get_worker`` does.
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import inspect
 import logging
 import math
+import os
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
-from kvoffload._checks import check_bool, check_int
+from kvoffload._checks import check_bool, check_int, redact
+from kvoffload._sizes import format_size, parse_size
 from kvoffload.admission import check_store_threshold
 from kvoffload.keys import namespace_fingerprint
 from kvoffload.layout import KVCacheLayout, slots_for_budget
@@ -71,13 +74,13 @@ def _check_str(name: str, value: Any, optional: bool = False) -> None:
         raise ValueError(f"{name} must be {accepts}, got ''")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class OffloadingConfig:
     """Validated offloading settings; field names are vLLM's extra-config keys.
 
     Attributes:
-        cpu_bytes_to_use: host memory for the CPU tier across all workers (required). A float
-            (vLLM computes GiB * 2**30) is floored to whole bytes.
+        cpu_bytes_to_use: host memory for the CPU tier across all workers (required): bytes
+            or a size (``"8GiB"``); a float (vLLM computes GiB * 2**30) is floored.
         block_size: tokens per offloaded chunk (a multiple of the device block size).
         blocks_per_chunk: device blocks per offloaded chunk (alternative to block_size).
         eviction_policy: cache policy name, registered or ``"module:Class"``.
@@ -92,7 +95,7 @@ class OffloadingConfig:
         offload_prompt_only / max_recompute_pending_tokens: for engine integrations (vLLM's
             meaning); the spec itself does not act on them.
         world_size: workers sharing the budget (each holds its shard of every slot).
-        staging_bytes: device staging memory per direction of a CUDA worker.
+        staging_bytes: device staging memory per direction of a CUDA worker (bytes or a size).
         pin_memory: page-lock the host buffer (None: when CUDA is available).
         tiers: secondary tiers behind the CPU tier, nearest first (vLLM's key
             ``secondary_tiers`` is accepted too): each a mapping with a ``type`` and that
@@ -124,8 +127,9 @@ class OffloadingConfig:
     def __post_init__(self) -> None:
         budget = self.cpu_bytes_to_use
         if isinstance(budget, float) and math.isfinite(budget) and budget >= 1:
-            object.__setattr__(self, "cpu_bytes_to_use", int(budget))
-        _check_int("cpu_bytes_to_use", self.cpu_bytes_to_use, 1)
+            budget = int(budget)  # vLLM computes GiB * 2**30: floored to whole bytes
+        # Every *_bytes key takes a size ("8GiB"), as the tiers' keys do.
+        object.__setattr__(self, "cpu_bytes_to_use", parse_size("cpu_bytes_to_use", budget, 1))
         _check_int("block_size", self.block_size, 1, optional=True)
         _check_int("blocks_per_chunk", self.blocks_per_chunk, 1, optional=True)
         if self.block_size is not None and self.blocks_per_chunk is not None:
@@ -149,7 +153,9 @@ class OffloadingConfig:
         _check_bool("offload_prompt_only", self.offload_prompt_only)
         _check_int("max_recompute_pending_tokens", self.max_recompute_pending_tokens, 0)
         _check_int("world_size", self.world_size, 1)
-        _check_int("staging_bytes", self.staging_bytes, 1)
+        object.__setattr__(
+            self, "staging_bytes", parse_size("staging_bytes", self.staging_bytes, 1)
+        )
         _check_bool("pin_memory", self.pin_memory, optional=True)
         object.__setattr__(self, "tiers", parse_tiers(self.tiers))
         if self.tiers and self.world_size != 1:
@@ -157,6 +163,14 @@ class OffloadingConfig:
                 "config 'tiers' needs world_size 1: the tiering manager and the transfer "
                 f"worker share one host buffer, got world_size {self.world_size}"
             )
+
+    def __repr__(self) -> str:
+        """Every field, with passwords, secrets and URL credentials as ``***``: configs get
+        logged."""
+        shown = ", ".join(
+            f"{f.name}={redact(f.name, getattr(self, f.name))!r}" for f in fields(self)
+        )
+        return f"{type(self).__name__}({shown})"
 
     @classmethod
     def keys(cls) -> list[str]:
@@ -192,6 +206,35 @@ class OffloadingConfig:
                 "config 'cpu_bytes_to_use' is required: the host bytes the CPU tier may use"
             )
         return cls(**merged)
+
+
+def host_memory_bytes() -> int | None:
+    """The memory this process may use: physical memory, capped by a cgroup v2 limit
+    (a container's); ``None`` when neither can be read."""
+    total: int | None = None
+    with contextlib.suppress(AttributeError, ValueError, OSError):  # no POSIX sysconf
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    try:
+        with open("/sys/fs/cgroup/memory.max") as f:
+            limit = f.read().strip()
+    except OSError:
+        limit = ""
+    if limit.isdigit():
+        total = int(limit) if total is None else min(total, int(limit))
+    return total
+
+
+class HostMemoryError(ValueError):
+    """The CPU tier's host memory cannot be had (more than the machine has, or refused):
+    one line naming ``cpu_bytes_to_use`` instead of the allocator's message."""
+
+    def __init__(self, host_bytes: int, detail: str) -> None:
+        self.host_bytes = host_bytes
+        super().__init__(
+            f"config 'cpu_bytes_to_use' asks for {host_bytes} bytes ({format_size(host_bytes)}) "
+            f"of host memory for the CPU tier, {detail}; it accepts bytes or a size like "
+            "'8GiB' that this machine can hold"
+        )
 
 
 class OffloadingSpec(ABC):
@@ -258,12 +301,28 @@ class CPUOffloadingSpec(OffloadingSpec):
         """The host slots shared by the tiering manager and this process's worker (tiers only;
         imports torch)."""
         if self._host is None:
-            from kvoffload.transfer.host import HostBuffer
-
-            self._host = HostBuffer(
-                self.slot_layout.slot_bytes, self.num_slots, self.config.pin_memory
-            )
+            self._host = self._allocate_host()
         return self._host
+
+    def _allocate_host(self) -> HostBuffer:
+        """The host slots, or :class:`HostMemoryError` instead of the allocator's message."""
+        from kvoffload.transfer.host import HostBuffer
+
+        nbytes = self.host_bytes
+        memory = host_memory_bytes()
+        if memory is not None and nbytes > memory:
+            raise HostMemoryError(
+                nbytes, f"more than this machine's {memory} bytes ({format_size(memory)})"
+            )
+        try:
+            return HostBuffer(self.slot_layout.slot_bytes, self.num_slots, self.config.pin_memory)
+        except MemoryError:
+            raise HostMemoryError(nbytes, "which the allocator refused") from None
+        except RuntimeError as exc:
+            if "alloc" not in str(exc).lower():  # not about memory: not ours to reword
+                raise
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            raise HostMemoryError(nbytes, f"which the allocator refused ({first})") from None
 
     def _tier_params(self, config: TierConfig) -> TierConfig:
         """``config`` with its namespace bound to this layout (a user namespace is mixed in)."""
@@ -313,12 +372,8 @@ class CPUOffloadingSpec(OffloadingSpec):
 
     def get_worker(self, kv_caches: Sequence[Any] | Mapping[str, Any]) -> TransferWorker:
         from kvoffload.transfer.factory import create_transfer_worker
-        from kvoffload.transfer.host import HostBuffer
 
-        if self.config.tiers:
-            host = self.host_buffer()
-        else:
-            host = HostBuffer(self.slot_layout.slot_bytes, self.num_slots, self.config.pin_memory)
+        host = self.host_buffer() if self.config.tiers else self._allocate_host()
         return create_transfer_worker(
             self.layout,
             self.slot_layout,
@@ -393,6 +448,7 @@ __all__ = [
     "DEFAULT_SPEC",
     "SPEC_REGISTRY",
     "CPUOffloadingSpec",
+    "HostMemoryError",
     "OffloadingConfig",
     "OffloadingSpec",
     "OffloadingSpecFactory",

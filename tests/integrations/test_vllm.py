@@ -1,6 +1,6 @@
 """kvoffload's policies inside vLLM's own manager, and vLLM-API policies inside ours.
 
-Needs vLLM (``benchmarks/setup_vllm_env.sh`` builds an environment with it); skipped without.
+Needs vLLM (``tools/setup_vllm_env.sh`` builds an environment with it); skipped without.
 The trace comparisons replay the shared synthetic trace with ``benchmarks/compare_vllm.py``'s
 call sequence; ``-rP`` shows each policy's hit counts.
 """

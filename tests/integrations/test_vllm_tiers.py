@@ -1,6 +1,6 @@
 """Our tiers inside vLLM 0.33's own ``TieringOffloadingManager``, configured by keys alone.
 
-Needs vLLM (``benchmarks/setup_vllm_env.sh``; run by ``.ci/vllm``) and, for the Redis tier,
+Needs vLLM (``tools/setup_vllm_env.sh``; run by ``.ci/vllm``) and, for the Redis tier,
 the CI servers (``.ci/redis_servers.sh``).
 """
 

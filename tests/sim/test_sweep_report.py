@@ -101,9 +101,9 @@ def test_csv_and_json_outputs(inline: SweepResult) -> None:
 
 def test_plots_are_written(inline: SweepResult, tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
-    from kvoffload.sim.report.plot import plot_capacity_bars, plot_miss_ratio_curves
+    from kvoffload.sim.report.plot import plot_capacity_bars, plot_hit_ratio_curves
 
-    curve = plot_miss_ratio_curves(inline.results, inline.bounds, tmp_path / "mrc.png")
+    curve = plot_hit_ratio_curves(inline.results, inline.bounds, tmp_path / "mrc.png")
     bars = plot_capacity_bars(inline.results, inline.bounds, tmp_path)
     assert curve.stat().st_size > 1000
     assert len(bars) == 2 and all(p.stat().st_size > 1000 for p in bars)
@@ -154,10 +154,112 @@ def test_belady_is_visible_and_named_when_it_equals_opt(
     ]
     try:
         plt.Axes.plot = spy  # type: ignore[method-assign]
-        plot.plot_miss_ratio_curves(inline.results, equal, tmp_path / "c.png")
+        plot.plot_hit_ratio_curves(inline.results, equal, tmp_path / "c.png")
     finally:
         plt.Axes.plot = real_plot  # type: ignore[method-assign]
     by_label = {d["label"]: d for d in drawn}
     belady, opt = by_label["Belady MIN (= OPT here)"], by_label["OPT (bypass)"]
     assert opt["linewidth"] > 3 * belady["linewidth"]  # a band under a thin line: both show
     assert belady["color"] != opt["color"]
+
+
+def _result(policy: str, capacity: int, prefix_hits: int) -> ReplayResult:
+    """A replay result with the given prefix hits out of 1,000 accesses (for chart layout)."""
+    (base,) = run_sweep(
+        TRACE, [PolicySpec("lru")], CAPACITIES[:1], ReplayOptions(), with_bounds=False
+    ).results
+    d = {f.name: getattr(base, f.name) for f in base.__dataclass_fields__.values()}
+    d.update(
+        policy=policy,
+        capacity_blocks=capacity,
+        block_accesses=1000,
+        block_hits=prefix_hits,
+        prefix_hit_blocks=prefix_hits,
+    )
+    return ReplayResult(**d)
+
+
+def test_the_default_curve_draws_the_best_few_and_lru_as_hit_ratios(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+
+    from kvoffload.sim.report import plot
+
+    hits = {"lru": 100, "a": 150, "b": 140, "c": 130, "d": 120, "e": 110, "f": 90}
+    results = [_result(p, cap, h + cap) for cap in (10, 50) for p, h in hits.items()]
+    assert plot.curve_policies(results) == ["a", "b", "c", "d", "lru"]
+    assert plot.curve_policies(results, top=None) == ["a", "b", "c", "d", "e", "lru", "f"]
+    drawn: list[tuple[tuple[object, ...], dict[str, object]]] = []
+    real_plot = plt.Axes.plot
+
+    def spy(self: object, *args: object, **kwargs: object) -> object:
+        drawn.append((args, kwargs))
+        return real_plot(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    try:
+        plt.Axes.plot = spy  # type: ignore[method-assign]
+        plot.plot_hit_ratio_curves(results, [], tmp_path / "c.png")
+    finally:
+        plt.Axes.plot = real_plot  # type: ignore[method-assign]
+    lines = {str(kw["label"]): (args, kw) for args, kw in drawn}
+    assert list(lines) == ["a", "b", "c", "d", "lru (baseline)"]
+    (_, ys), _ = lines["a"]
+    assert list(ys) == [0.16, 0.2]  # hit ratios, as the tables show (not 1 - hit ratio)
+    looks = {(kw["color"], kw["marker"], kw["linestyle"]) for _, kw in lines.values()}
+    assert len(looks) == 5  # every line its own style
+    assert len({kw["color"] for _, kw in lines.values()}) == 5  # and its own colour
+
+
+def test_a_curve_equal_to_another_says_so_and_stays_visible(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+
+    from kvoffload.sim.report import plot
+
+    results = [
+        _result(p, cap, h + cap)
+        for cap in (10, 50)
+        for p, h in {"lru": 100, "mq": 150, "auto": 150}.items()
+    ]
+    labels: list[object] = []
+    real_plot = plt.Axes.plot
+
+    def spy(self: object, *args: object, **kwargs: object) -> object:
+        labels.append((kwargs["label"], kwargs.get("markerfacecolor")))
+        return real_plot(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    try:
+        plt.Axes.plot = spy  # type: ignore[method-assign]
+        plot.plot_hit_ratio_curves(results, [], tmp_path / "c.png")
+    finally:
+        plt.Axes.plot = real_plot  # type: ignore[method-assign]
+    assert ("auto (= mq here)", "none") in labels  # hollow, over the line it hides
+
+
+def test_bar_charts_are_sorted_and_their_axis_shows_the_differences(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+
+    from kvoffload.sim.report import plot
+
+    values = {"lru": 156, "a": 210, "b": 202, "c": 186, "d": 170, "sae": 43}
+    results = [_result(p, 10, h) for p, h in values.items()]
+    low, high = plot.bar_axis([v / 1000 for v in values.values()], baseline=0.156)
+    assert 0.1 < low < 0.156 and 0.21 < high < 0.25  # not 0 to the infinite cache
+    assert plot.bar_axis([0.5, 0.5]) == pytest.approx((0.47, 0.515))  # equal values: a range
+    seen: list[tuple[list[str], tuple[float, float]]] = []
+    real_savefig = plt.Figure.savefig
+
+    def savefig(self: plt.Figure, *args: object, **kw: object) -> object:
+        ax = self.axes[0]
+        seen.append(([t.get_text() for t in ax.get_yticklabels()], ax.get_xlim()))
+        return real_savefig(self, *args, **kw)  # type: ignore[arg-type]
+
+    try:
+        plt.Figure.savefig = savefig  # type: ignore[method-assign]
+        plot.plot_capacity_bars(results, [], tmp_path)
+    finally:
+        plt.Figure.savefig = real_savefig  # type: ignore[method-assign]
+    ((labels, limits),) = seen
+    assert labels == ["a", "b", "c", "d", "lru", "sae"]  # best first, from the top
+    assert limits == pytest.approx((low, high))

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import gzip
 import json
+import shlex
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from sim_helpers import shared_trace_path, write_jsonl
 
 from kvoffload.sim.traces import TraceFormatError, TraceReader, load_trace
+from kvoffload.sim.traces.reader import CSV_TO_JSONL
 
 
 def mooncake(ts: int, n_in: int, ids: list[int], n_out: int = 5) -> dict[str, object]:
@@ -160,3 +164,44 @@ def test_shared_trace_figures() -> None:
     trace = load_trace(shared_trace_path())
     assert len(trace.requests) == 3993
     assert trace.block_accesses == 121877 and trace.num_unique_blocks == 43924
+
+
+def test_generic_record_with_input_length_and_no_timestamp_is_generic(tmp_path: Path) -> None:
+    path = write_jsonl(
+        tmp_path / "g.jsonl",
+        [{"hash_ids": [1, 2], "input_length": 600}, {"hash_ids": [1, 3], "input_length": 1024}],
+    )
+    reader = TraceReader(path)
+    first, second = list(reader)
+    assert reader.detected_format == "hash_ids"
+    assert first.last_block_tokens == 88 and second.last_block_tokens == 512
+    # With its timestamp (milliseconds) the same record is Mooncake's, as before.
+    path = write_jsonl(tmp_path / "m.jsonl", [mooncake(1000, 600, [1, 2])])
+    reader = TraceReader(path)
+    list(reader)
+    assert reader.detected_format == "mooncake"
+
+
+CSV_TRACE = 'timestamp,input_length,output_length,hash_ids,session_id\n0,600,5,"[1, 2]",s1\n'
+
+
+def test_a_csv_trace_is_named_and_the_one_line_conversion_works(tmp_path: Path) -> None:
+    csv_path = tmp_path / "trace.csv"
+    csv_path.write_text(CSV_TRACE + '1500,1024,9,"[1, 3]",s2\n')
+    with pytest.raises(TraceFormatError) as info:
+        load_trace(csv_path)
+    message = str(info.value)
+    assert message.startswith(f"{csv_path}:1: this looks like a CSV file")
+    assert "CSV is not read" in message and CSV_TO_JSONL in message
+    # The command the message shows, run as written (in the CSV's folder), gives a trace.
+    command = CSV_TO_JSONL.replace("python", shlex.quote(sys.executable), 1)
+    subprocess.run(command, shell=True, cwd=tmp_path, check=True)
+    trace = load_trace(tmp_path / "trace.jsonl")
+    assert [r.block_ids for r in trace.requests] == [[0, 1], [0, 2]]
+    assert [r.session_id for r in trace.requests] == ["s1", "s2"]
+    assert trace.requests[1].timestamp_s == 1.5  # Mooncake: milliseconds
+
+
+def test_a_directory_is_not_a_trace(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"trace path '.*' is a directory; give a trace file"):
+        load_trace(tmp_path)

@@ -119,5 +119,7 @@ def test_commands_are_resp_arrays() -> None:
     assert wire.set_head(b"k", 0, with_px=False) + wire.set_tail(None) == (
         b"*4\r\n$3\r\nSET\r\n$1\r\nk\r\n$0\r\n\r\n$2\r\nNX\r\n"
     )
-    assert wire.get_command(b"k", 10) == b"*4\r\n$5\r\nGETEX\r\n$1\r\nk\r\n$2\r\nPX\r\n$2\r\n10\r\n"
-    assert wire.get_command(b"k", 0) == b"*2\r\n$3\r\nGET\r\n$1\r\nk\r\n"
+    getrange = b"*4\r\n$8\r\nGETRANGE\r\n$1\r\nk\r\n$1\r\n0\r\n$3\r\n100\r\n"
+    pexpire = b"*3\r\n$7\r\nPEXPIRE\r\n$1\r\nk\r\n$2\r\n10\r\n"
+    assert wire.get_command(b"k", 10, 100) == pexpire + getrange
+    assert wire.get_command(b"k", 0, 100) == getrange

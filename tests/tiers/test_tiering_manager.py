@@ -474,3 +474,63 @@ def test_a_prefix_promotion_never_evicts_cpu_blocks_after_the_promoted_ones() ->
     # Room for key 0 would mean evicting key 1 or 2, both in this prefix: the prefix ends at 0.
     assert manager.lookup_prefix(keys, ReqContext(req_id="b")) == [MISS, MISS, MISS]
     assert manager.cpu_slot(key(1)) is not None and manager.cpu_slot(key(2)) is not None
+
+
+def test_a_promotion_cut_by_the_in_flight_bound_gives_slots_only_to_the_promoted_keys() -> None:
+    manager, memory, (tier,) = build(
+        cpu_blocks=8,
+        specs=[{"write_policy": "none", "max_inflight_bytes": 2 * SLOT}],
+    )
+    keys = [key(i) for i in range(4)]
+    seed(tier, memory, keys, slot=0)
+    ctx = ReqContext(req_id="a")
+    assert manager.lookup_prefix(keys, ctx) == [PENDING, PENDING, MISS, MISS]
+    manager.step()  # both reads land
+    stats = manager.get_stats()
+    assert stats.tiers["t0"]["jobs_in_flight"] == 0
+    assert stats.pending_blocks == 0  # the cut keys hold no slot that waits for nothing
+    assert manager.cpu.free_blocks == 6
+    assert [manager.cpu.lookup(k, ctx) for k in keys] == [HIT, HIT, MISS, MISS]
+    # The rest of the prefix is promoted on the next pass, and every slot comes back.
+    assert manager.lookup_prefix(keys, ctx) == [HIT, HIT, PENDING, PENDING]
+    manager.step()
+    assert read(manager, memory, keys, ctx) == [pattern(k) for k in keys]
+    manager.reset_cache()
+    stats = manager.get_stats()
+    assert stats.held_blocks == 0 and manager.cpu.free_blocks == 8
+
+
+def test_one_failed_read_holds_a_key_back_only_until_its_verdict_expires() -> None:
+    clock = FakeClock()
+    manager, memory, (tier,) = build(cpu_blocks=4, clock=clock)  # default: 10 s
+    ctx = ReqContext(req_id="a")
+    store(manager, memory, [key(1)], ctx)
+    manager.step()
+    assert tier.stored_keys() == {key(1)}
+    evict_all(manager, memory)
+    tier.fail_keys[key(1)] = "io_error"  # fails once: the tier still holds the record
+    assert manager.lookup_prefix([key(1)], ctx) == [PENDING]
+    manager.step()
+    del tier.fail_keys[key(1)]
+    assert manager.get_stats().tiers["t0"]["promotion_failures"] == 1
+    assert manager.lookup_prefix([key(1)], ctx) == [MISS]  # the verdict holds
+    clock.now = 9.9
+    assert manager.lookup_prefix([key(1)], ctx) == [MISS]
+    clock.now = 10.0  # expired: promoted again, although write-through never re-puts it
+    assert manager.lookup_prefix([key(1)], ctx) == [PENDING]
+    manager.step()
+    assert read(manager, memory, [key(1)], ctx) == [pattern(key(1))]
+    assert manager.get_stats().tiers["t0"]["negative_keys"] == 0
+
+
+def test_a_verdict_without_expiry_lasts_until_a_put_succeeds() -> None:
+    manager, memory, (tier,) = build(cpu_blocks=4, negative_ttl_s=float("inf"))
+    seed(tier, memory, [key(1)], slot=0)
+    ctx = ReqContext(req_id="a")
+    tier.fail_keys[key(1)] = "io_error"
+    assert manager.lookup_prefix([key(1)], ctx) == [PENDING]
+    manager.step()
+    del tier.fail_keys[key(1)]
+    assert manager.lookup_prefix([key(1)], ctx) == [MISS]
+    with pytest.raises(ValueError, match="negative_ttl_s"):
+        build(negative_ttl_s=-1.0)

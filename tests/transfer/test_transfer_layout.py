@@ -39,6 +39,28 @@ def test_kinds_report_blocks_tokens_and_page_bytes() -> None:
     mla = KVTensorLayout("c", "mla", (10, 16, 576), "uint8")
     assert (mla.num_blocks, mla.block_size, mla.page_bytes) == (10, 16, 16 * 576)
 
+    heads = KVTensorLayout("d", "heads_first", (2, 4, 10, 16, 8), "float32")
+    assert (heads.num_blocks, heads.block_size, heads.num_views) == (10, 16, 8)
+    assert heads.page_bytes == 16 * 8 * 4  # one head's tokens of one block
+    assert heads.bytes_per_block == 2 * 4 * 16 * 8 * 4
+
+
+def test_heads_first_block_is_a_token_range_of_the_batch1_cache() -> None:
+    torch = pytest.importorskip("torch")
+    from kvoffload.transfer.views import block_byte_views
+
+    kv = torch.randn(2, 3, 5, 4, 8)  # K/V, heads, blocks, tokens, head size
+    layout = KVCacheLayout.from_tensors([kv], "heads_first")
+    k_hf = kv[0].view(1, 3, 5 * 4, 8)  # [batch, kv_heads, seq, head_dim]
+    v_hf = kv[1].view(1, 3, 5 * 4, 8)
+    views = block_byte_views(layout, [kv])[0]
+    assert len(views) == 6
+    for head in range(3):
+        k_page = k_hf[0, head, 2 * 4 : 3 * 4].contiguous().view(torch.uint8).flatten()
+        v_page = v_hf[0, head, 2 * 4 : 3 * 4].contiguous().view(torch.uint8).flatten()
+        assert torch.equal(views[head][2], k_page)
+        assert torch.equal(views[3 + head][2], v_page)
+
 
 @pytest.mark.parametrize(
     ("kind", "shape", "message"),
@@ -49,6 +71,8 @@ def test_kinds_report_blocks_tokens_and_page_bytes() -> None:
         ("mla", (10, 16, 0), "shape\\[2\\] must be an int >= 1"),
         ("mla", (10, 16, 4, 4), "needs a shape"),
         ("paged", (10, 16, 4), "kind must be one of"),
+        ("heads_first", (3, 2, 10, 16, 4), "shape\\[0\\] == 2"),
+        ("heads_first", (2, 10, 16, 4), "needs a shape"),
     ],
 )
 def test_bad_shapes_and_kinds_name_the_tensor(

@@ -112,7 +112,8 @@ def test_failed_store_leaves_no_block_behind(monkeypatch: pytest.MonkeyPatch) ->
     hashes = _hashes(3)
     with off:
         monkeypatch.setattr(cpu_worker, "copy_pairs", broken)
-        assert off.store(hashes, [0, 1, 2]) == 0  # the copy failed: nothing was stored
+        with pytest.raises(TransferError, match="simulated DMA fault"):
+            off.store(hashes, [0, 1, 2])  # a failed copy is an error, not "nothing new"
         monkeypatch.undo()
         stats = off.stats()
         assert stats.failed_stores == 1 and stats.stored_blocks == 0
@@ -124,6 +125,44 @@ def test_failed_store_leaves_no_block_behind(monkeypatch: pytest.MonkeyPatch) ->
         assert off.store(hashes, [0, 1, 2]) == 3
         off.load(hashes, [20, 21, 22])
         assert _same(caches, [20, 21, 22], [0, 1, 2], original)
+
+
+def test_store_tells_nothing_new_from_no_room() -> None:
+    off, _ = _offloader(slots=2)
+    hashes = _hashes(2)
+    with off:
+        assert off.store(hashes, [0, 1]) == 2
+        assert off.store(hashes, [0, 1]) == 0  # nothing new: no error, nothing counted
+        assert (off.stats().failed_stores, off.stats().stores_without_room) == (0, 0)
+        off.begin_request()  # keeps nothing pinned: the two blocks stay evictable
+        assert off.store(_hashes(3, seed=1), [2, 3, 4]) == 0  # 3 chunks never fit 2 slots
+        assert (off.stats().failed_stores, off.stats().stores_without_room) == (0, 1)
+
+
+def test_background_stores_failing_in_a_row_raise(monkeypatch: pytest.MonkeyPatch) -> None:
+    off, _ = _offloader(slots=16)
+
+    def broken(dst: list[torch.Tensor], src: list[torch.Tensor]) -> None:
+        raise RuntimeError("simulated DMA fault")
+
+    with off:
+        monkeypatch.setattr(cpu_worker, "copy_pairs", broken)
+        off.store(_hashes(1, seed=1), [0], wait=False)
+        off.flush()  # one failure: counted and logged, no error yet
+        monkeypatch.undo()
+        assert off.store(_hashes(1, seed=2), [1], wait=False) == 1
+        off.flush()  # a success resets the run of failures
+        monkeypatch.setattr(cpu_worker, "copy_pairs", broken)
+        for seed in (3, 4):
+            off.store(_hashes(1, seed=seed), [seed], wait=False)
+        off.flush()
+        off.store(_hashes(1, seed=5), [5], wait=False)
+        with pytest.raises(TransferError, match=r"last 3 stores all failed.*simulated DMA fault"):
+            off.flush()  # waits for the third, then raises (as would any other call)
+        monkeypatch.undo()
+        assert off.stats().failed_stores == 4
+        assert off.lookup(_hashes(1, seed=5)) == 0  # raised once; the offloader still works
+        assert off.store(_hashes(1, seed=5), [5]) == 1
 
 
 def test_failed_load_raises_and_unpins(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -36,6 +36,7 @@ def _store_load_roundtrip(
     device: str,
     seed: int,
     make_worker: Callable[..., TransferWorker] = create_transfer_worker,
+    whole_chunks: bool = False,
 ) -> None:
     rng = random.Random(seed)
     num_blocks = 24
@@ -52,6 +53,9 @@ def _store_load_roundtrip(
         n = 4
         chunk_slots = rng.sample(range(num_slots), n)
         blocks = rng.sample(range(num_blocks), n * bpc)
+        if whole_chunks:  # each chunk consecutive blocks; chunks 0 and 1 adjacent both sides
+            chunk_slots = [3, 4, 8, 0]
+            blocks = [b for first in (bpc, 2 * bpc, 4 * bpc, 0) for b in range(first, first + bpc)]
         worker.submit_store(1, blocks, chunk_slots)
         worker.wait([1])
         [result] = worker.get_finished()
@@ -70,6 +74,8 @@ def _store_load_roundtrip(
             )
         scribbled = [c.clone() for c in caches]
         targets = rng.sample(range(num_blocks), n * bpc)
+        if whole_chunks:
+            targets = [b for first in (0, bpc, 5 * bpc, 3 * bpc) for b in range(first, first + bpc)]
         worker.submit_load(2, chunk_slots, targets)
         worker.wait([2])
         [result] = worker.get_finished()
@@ -86,6 +92,19 @@ def _store_load_roundtrip(
                     )
     finally:
         worker.shutdown()
+
+
+@pytest.mark.parametrize("kind", sorted(SHAPES))
+@pytest.mark.parametrize("bpc", [2, 4])
+def test_whole_chunk_runs_are_byte_exact(kind: str, bpc: int) -> None:
+    """Chunks of consecutive device blocks move as one copy per chunk (runs of adjacent
+    chunks as one): same bytes as the per-block path."""
+    from kvoffload.transfer.cpu_worker import chunk_starts
+
+    assert chunk_starts([4, 5, 0, 1], 2) == [4, 0]
+    assert chunk_starts([4, 6, 0, 1], 2) is None  # a chunk with a gap: per-block path
+    assert chunk_starts([0, 1, 0, 1], 2) is None  # a repeated block: per-block path
+    _store_load_roundtrip(kind, torch.float16, bpc, "cpu", seed=bpc, whole_chunks=True)
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -63,8 +63,9 @@ def test_replaced_vllm_keys_say_what_to_use() -> None:
     ("extra", "error", "message"),
     [
         ({}, ValueError, "'cpu_bytes_to_use' is required"),
-        ({"cpu_bytes_to_use": 0}, ValueError, "cpu_bytes_to_use must be an int >= 1, got 0"),
-        ({"cpu_bytes_to_use": "1G"}, TypeError, "cpu_bytes_to_use must be an int >= 1, got str"),
+        ({"cpu_bytes_to_use": 0}, ValueError, "cpu_bytes_to_use must be bytes: .*, got 0"),
+        ({"cpu_bytes_to_use": "1G"}, ValueError, "cpu_bytes_to_use must be bytes: .* read '1G'"),
+        ({"cpu_bytes_to_use": [1]}, TypeError, r"cpu_bytes_to_use must be bytes: .*, got list"),
         ({"cpu_bytes_to_use": 1, "block_size": 16, "blocks_per_chunk": 1}, ValueError, "only one"),
         (
             {"cpu_bytes_to_use": 1, "blocks_per_chunk": 0},

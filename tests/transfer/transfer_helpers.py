@@ -19,6 +19,7 @@ SHAPES = {
     "kv_first": lambda blocks, tokens: (2, blocks, tokens, 2, 4),
     "blocks_first": lambda blocks, tokens: (blocks, 2, tokens, 2, 4),
     "mla": lambda blocks, tokens: (blocks, tokens, 12),
+    "heads_first": lambda blocks, tokens: (2, 3, blocks, tokens, 4),
 }
 
 
@@ -49,7 +50,11 @@ def block_bytes(
     """The bytes of one device block in one view, by plain indexing."""
     spec = layout.tensors[t]
     tensor = tensors[t].cpu()
-    part = tensor[view, block] if spec.kind == "kv_first" else tensor[block]
+    if spec.kind == "heads_first":  # view = kv * heads + head; a page is [tokens, head_size]
+        heads = tensor.shape[1]
+        part = tensor[view // heads, view % heads, block]
+    else:
+        part = tensor[view, block] if spec.kind == "kv_first" else tensor[block]
     return bytes(part.contiguous().view(torch.uint8).flatten().tolist())
 
 

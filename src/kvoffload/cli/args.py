@@ -217,7 +217,13 @@ def add_replay(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--plot",
         metavar="DIR",
-        help="write a miss-ratio curve and per-capacity bar charts to DIR (needs matplotlib)",
+        help="write a hit-ratio curve and per-capacity bar charts to DIR (needs matplotlib); "
+        "the curve shows the best few policies, lru and the bounds",
+    )
+    g.add_argument(
+        "--all-policies",
+        action="store_true",
+        help="with --plot: draw every policy's curve, not only the best few",
     )
 
 

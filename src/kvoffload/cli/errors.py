@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+#: Exit status of a command stopped by Ctrl-C (128 + SIGINT), partial results written or not.
+EXIT_INTERRUPTED = 130
+
 
 class UserError(Exception):
     """Bad input, configuration or output path: printed as one line, exit status 1.
@@ -11,4 +14,4 @@ class UserError(Exception):
     """
 
 
-__all__ = ["UserError"]
+__all__ = ["EXIT_INTERRUPTED", "UserError"]

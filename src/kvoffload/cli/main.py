@@ -2,25 +2,28 @@
 
 Every command prints an aligned table (``--format table``, default; needs rich, the ``[cli]``
 extra) or one JSON object (``--format json``; needs nothing). A user error (bad input,
-configuration or output path) is one line on stderr and exit status 1 (2 for bad usage); any
-other exception is a bug and says so (exit status 70), with ``--debug`` for the traceback.
+configuration or output path, or a replay an out-of-tree policy broke) is one line on stderr
+and exit status 1 (2 for bad usage); any other exception is a bug and says so (exit status
+70), with ``--debug`` for the traceback.
 Long work shows a progress bar on stderr when stderr is a terminal; Ctrl-C stops it (workers
-included) with exit status 130.
+included) with exit status 130, after writing what finished, marked partial (``simulate``,
+``sweep``).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
+import threading
 from collections.abc import Sequence
 
 from kvoffload.cli.commands import COMMANDS
-from kvoffload.cli.errors import UserError
+from kvoffload.cli.errors import EXIT_INTERRUPTED, UserError
 
 EXIT_USER_ERROR = 1
 EXIT_BUG = 70  # EX_SOFTWARE
-EXIT_INTERRUPTED = 130
 
 
 def _version() -> str:
@@ -70,8 +73,22 @@ def _import_like_python_m() -> None:
         sys.path.insert(0, cwd)
 
 
+def _restore_ctrl_c() -> None:
+    """Let SIGINT raise ``KeyboardInterrupt`` even when the command started with it ignored.
+
+    Why: a shell without job control (any script, ``nohup cmd &``) starts a background job
+    with SIGINT ignored, and the process inherits that; Ctrl-C or ``kill -INT`` would then do
+    nothing and a sweep would run to its end. A handler someone installed is left alone.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return  # only the main thread may set handlers
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``kvoffload`` console script; returns the exit status."""
+    _restore_ctrl_c()
     if argv is None:
         _import_like_python_m()
     argv = list(sys.argv[1:] if argv is None else argv)

@@ -20,6 +20,7 @@ from kvoffload.sim.report import dump_json, grid_record, write_results_csv
 from kvoffload.sim.sweep import SweepResult
 
 OUTPUT_SUFFIXES = (".json", ".csv")
+CURVE_FILE = "hit_ratio_curve.png"
 
 
 def _probe_file(path: Path, what: str) -> None:
@@ -61,7 +62,7 @@ def check_outputs(outputs: Sequence[str] | None, plot: str | None) -> None:
             ) from None
         if not os.access(directory, os.W_OK):
             raise UserError(f"--plot '{plot}': the directory is not writable")
-        _probe_file(directory / "miss_ratio_curve.png", "--plot")
+        _probe_file(directory / CURVE_FILE, "--plot")
 
 
 def emit_json(obj: Any) -> None:
@@ -104,6 +105,7 @@ def write_outputs(
     sweep: SweepResult,
     title: str,
     timing: bool,
+    all_policies: bool = False,
 ) -> list[str]:
     """Write every file; return one error line per file that failed (the others are written)."""
     errors: list[str] = []
@@ -112,15 +114,18 @@ def write_outputs(
         try:
             with path.open("w", newline="") as out:
                 if path.suffix == ".csv":
-                    write_results_csv(sweep.results, sweep.bounds, out, timing)
+                    write_results_csv(
+                        sweep.results, sweep.bounds, out, timing, partial=sweep.partial
+                    )
                 else:
                     dump_json(record, out)
         except OSError as exc:
             errors.append(f"--output '{name}' was not written: {exc.strerror or exc}")
     if plot:
         from kvoffload.sim.report.plot import (
+            TOP_POLICIES,
             plot_capacity_bars,
-            plot_miss_ratio_curves,
+            plot_hit_ratio_curves,
             plot_tiers,
         )
 
@@ -130,8 +135,12 @@ def write_outputs(
             if any(r.tiers is not None for r in sweep.results):  # --tiers: one tier chart
                 plot_tiers(sweep.results, directory / "tiers.png", title)
             else:
-                plot_miss_ratio_curves(
-                    sweep.results, sweep.bounds, directory / "miss_ratio_curve.png", title
+                plot_hit_ratio_curves(
+                    sweep.results,
+                    sweep.bounds,
+                    directory / CURVE_FILE,
+                    title,
+                    top=None if all_policies else TOP_POLICIES,
                 )
                 plot_capacity_bars(sweep.results, sweep.bounds, directory, title)
         except OSError as exc:

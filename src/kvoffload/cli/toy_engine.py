@@ -69,6 +69,7 @@ def _kv_caches(args: argparse.Namespace, num_blocks: int) -> list[torch.Tensor]:
         "kv_first": (2, num_blocks, args.block_tokens, args.kv_heads, args.head_size),
         "blocks_first": (num_blocks, 2, args.block_tokens, args.kv_heads, args.head_size),
         "mla": (num_blocks, args.block_tokens, args.kv_heads * args.head_size),
+        "heads_first": (2, args.kv_heads, num_blocks, args.block_tokens, args.head_size),
     }
     device, dtype = _device(args.device), _dtype(args.dtype)
     return [torch.zeros(shapes[args.kind], dtype=dtype, device=device) for _ in range(args.layers)]
@@ -213,7 +214,8 @@ def run_one(args: argparse.Namespace) -> dict[str, Any]:
             blocks_per_chunk=args.blocks_per_chunk,
             tiers=tiers,
         )
-    except (ConnectionError, PermissionError, OSError) as exc:
+    except (ConnectionError, OSError, ValueError, TypeError) as exc:
+        # The options built this config: a bad --disk path or budget is bad input here.
         raise UserError(f"cannot open the tiers: {exc}") from None
     with offloader:
         content = ToyKVContent(layout, kv, offloader.spec.slot_layout)

@@ -587,7 +587,7 @@ class KVOffloadRedisTier(_KVOffloadSecondaryTier):
             "records_deleted_bad",
             "records_deleted_bad",
             "counter",
-            "Corrupt or foreign records found on read and deleted.",
+            "Records no reader could accept (damaged, or of another namespace or key), deleted.",
         ),
         TierMetric(
             "connection_errors",

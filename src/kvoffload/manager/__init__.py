@@ -36,7 +36,7 @@ with these semantics:
 
 Threading model: one thread calls the manager. When completions (or any call) come from other
 threads, build it with ``thread_safe=True``: every public method then holds one lock (see
-``benchmarks/manager_lock_cost.py`` for its cost). Without it, a call that changes state from
+``docs/findings.md`` for its cost). Without it, a call that changes state from
 a second thread raises ``RuntimeError`` before changing anything (``lookup``, per key and
 changing only counters, is not checked; ``get_stats`` may be read from any thread).
 

@@ -176,9 +176,8 @@ class CPUOffloadingManager(OffloadingManager):
         The moves are made under ``req_context`` (default: a context stamped with the latest
         request's ``timestamp``), so a policy that keeps time by the requests' timestamps
         (``kvaware``) stays on their clock: without one it would count a logical tick per
-        moved block and run ahead of the requests' time for as long as that took to catch up
-        (at 10% of the shared trace, a switch to ``kvaware`` half-way lost 37% of the second
-        half's hits that way).
+        moved block and run ahead of the requests' time for as long as that took to catch up,
+        losing hits all that while.
         """
         self._check_entry()
         if isinstance(cache_policy, CachePolicy):

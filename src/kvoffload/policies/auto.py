@@ -15,7 +15,7 @@ leader when all of these hold (the hysteresis that keeps it from flapping):
   noise that matters);
 * with ``long_run`` (the default), the same holds since the start (undecayed counts): a
   recent lead the long run does not confirm is most often noise that reverses, and a switch
-  is not free (on the generated 1% workloads, switches on recent leads alone lost up to 6%);
+  is not free (on the generated 1% workloads, switches on recent leads alone lost hits);
 * it did so in ``patience`` consecutive windows;
 * at least ``min_dwell`` windows have passed since the last switch, and at least as many as
   came before it (a switch at window ``w`` allows the next one at ``2 w`` at the earliest, so
@@ -27,8 +27,8 @@ times the capacity, kept as a log of the ``touch`` calls) into it with
 :func:`~kvoffload.policies.switching.warm_switch`, so it starts with the ghosts, frequencies
 and reuse classes it would have learned, constrained to end on the real resident set (no block
 dropped, pins and pending writes kept). Without the replay a candidate switched in late starts
-from nothing: ``mq`` -> ``kvaware`` forced at 20k, 30k, 40k, 50k and 60k of the shared trace's
-122k accesses at 10% ends at 0.265 on average cold, 0.272 warm (``kvaware`` alone: 0.283).
+from nothing and loses hits until it has learned what the others knew (a forced ``mq`` ->
+``kvaware`` switch on the shared trace ends further below ``kvaware`` alone cold than warm).
 A switch runs in the calling thread (the replay, then the move of every resident block),
 so it takes longer the larger the cache and the log: ``max_history`` caps the log in accesses
 (``benchmarks/auto_switch_cost.py`` measures both). The block table is ``auto``'s own dict and
@@ -90,8 +90,7 @@ class _Logged:
     live context: that one carries every component's per-request state (the manager's
     record and its set of touched keys, the shadows' contexts), and a log of ``history``
     capacities kept all of it alive: hundreds of thousands of objects that the garbage
-    collector walked again and again (on a 20,000-request workload at 25%, about 625 collections,
-    4 or 5 of them full, took 0.8 s of auto's 5.9 s; with the copies, about 350, 2 or 3 full).
+    collector walked again and again, a large share of ``auto``'s time on big caches.
     A switch's replay only copies the hints (:func:`~kvoffload.policies.shadow.copy_context`),
     so it sees the same values, and one copy per request keeps the log's per-request grouping.
     """
@@ -274,8 +273,7 @@ class AutoCachePolicy(CachePolicy):
         however often it is looked at (Robbins' normal-mixture boundary).
 
         The long-run counts are tested at every window: a fixed ``z`` would be crossed by
-        chance sooner or later (on the shared trace at 5%, after 88 windows), and each switch
-        costs hits.
+        chance sooner or later on a long enough stream, and each switch costs hits.
         """
         return math.sqrt((n + 1) * (math.log(n + 1) + 2.0 * math.log(1.0 / self.alpha)))
 

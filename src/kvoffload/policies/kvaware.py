@@ -275,10 +275,10 @@ class KVAwareCachePolicy(CachePolicy):
         blocks: Sequence[BlockStatus],
         req_context: ReqContext | None = None,
     ) -> None:
-        """Batched ``insert``: kept because it is 1.4x faster on the manager's prefix replay.
+        """Batched ``insert``: kept because it beats the base loop on the manager's prefix replay.
 
-        ``benchmarks/ab_versions.py`` (kvaware, shared trace, 5%) showed the base loop 1.45x
-        slower than this override; time, turnover and learning move exactly as one
+        (``tools/ab_versions.py``; figures in ``docs/benchmarks.md``.) Time, turnover and
+        learning move exactly as one
         :meth:`insert` per key (closed forms only where they are exact, see
         :meth:`_advance_inserts`), so the decisions are the same.
         """

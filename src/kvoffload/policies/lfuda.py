@@ -78,8 +78,8 @@ class LFUDACachePolicy(CachePolicy):
     ) -> None:
         """The batch's entries in one update: every new key starts at (1, L + 1).
 
-        Kept because it pays: 1.17x over the base loop (``policy_cost.py --base-loops``,
-        idle, 11 runs, with :meth:`mark_evictable_many`).
+        Kept because it beats the base loop (``policy_cost.py --base-loops``; figures in
+        ``docs/benchmarks.md``).
         """
         self._add_blocks(keys, blocks)
         self._state.update(dict.fromkeys(keys, (1, self._age + 1)))

@@ -46,12 +46,10 @@ class LRUCachePolicy(CachePolicy):
     ) -> None:
         """One table update for the batch (the manager stores a request's misses at once).
 
-        Kept below the 10% the batching rule asks, for the speed it keeps: with
-        :meth:`mark_evictable_many` it reads 1.04-1.10x over the base loop in
-        ``policy_cost.py --base-loops`` (idle, 11-21 runs) and saves 8.6% of the
-        instructions of the manager's prefix replay of the shared trace at 5%
-        (``ab_instructions.py``); without the two, that replay runs 1.14x the instructions
-        of the round's start (``c0e8567``), with them 1.05-1.07x.
+        Kept although its gain over the base loop is below the 10% the batching rule asks:
+        with :meth:`mark_evictable_many` it saves a steady share of the manager's prefix
+        replay, timed (``policy_cost.py --base-loops``) and counted in instructions
+        (``tools/ab_instructions.py``); figures in ``docs/benchmarks.md``.
         """
         self._add_blocks(keys, blocks)
         evictable = self._evictable

@@ -123,8 +123,8 @@ class S3FIFOCachePolicy(CachePolicy):
     ) -> None:
         """A batch without ghosts goes to S at once (with a ghost: one key at a time).
 
-        Kept because it pays: 1.09-1.12x over the base loop (``policy_cost.py --base-loops``,
-        idle, two 11-run passes, with :meth:`mark_evictable_many`).
+        Kept because it beats the base loop (``policy_cost.py --base-loops``; figures in
+        ``docs/benchmarks.md``).
         """
         ghost, ghost_hits = self._ghost, self._ghost_hits
         if (ghost and not ghost.keys().isdisjoint(keys)) or (

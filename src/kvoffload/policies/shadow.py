@@ -12,9 +12,8 @@ miss (its prefix) are pinned as loads, the misses are stored as one batch with t
 protected from eviction, and the stores, then the loads (tail first), complete when the request
 finishes. Driven one block at a time without pins instead (``protocol="blocks"``, the protocol
 of ``kvoffload.testing.drive``), a request's blocks push each other out and its prefix ends
-least recent: at full rate on the shared trace that put ``mq`` at 0.0415 at 1% and ``kvaware``
-at 0.1653 at 5% where the prefix replay has 0.0444 and 0.1738, which ranked the candidates
-wrongly; the requests protocol gives 0.0443 and 0.1739. They estimate block hit ratios; a
+least recent: even at full rate on the shared trace that ranked the candidates wrongly, where
+the requests protocol matches the prefix replay. They estimate block hit ratios; a
 prefix cache's usable hit ratio is within a few thousandths of it (``benchmarks/shadow_error.py``
 measures both).
 
@@ -26,9 +25,9 @@ Small caches make small miniatures, and a miniature of a few blocks says little:
 
 The estimate since the start corrects for the luck of the draw. A spatial sample holds a hot
 key or it does not, and in a prefix-cache workload a few blocks (shared system prompts) can
-carry a large share of all accesses and most of the hits: on a generated workload of 715,445
-accesses, six 1% samples put LRU's hit ratio at 5% between 0.032 below and 0.098 above the
-full simulation's, every candidate shifted alike. The sampled access count ``S`` moves with
+carry a large share of all accesses and most of the hits, so different samples shift every
+candidate's plain estimate alike by several hundredths (``docs/benchmarks.md``). The
+sampled access count ``S`` moves with
 those keys while its expectation ``E = rate x accesses offered`` is known exactly, so the
 hits ``H`` are taken as a regression estimator on it (the SHARDS adjustment of Waldspurger
 et al., FAST'15, with a fitted slope instead of their slope of 1): ``(H - b (S - E)) / E``,

@@ -128,8 +128,8 @@ class WTinyLFUCachePolicy(CachePolicy):
     ) -> None:
         """The batch into the window at once (every insert goes there, nothing else moves).
 
-        Kept because it pays: 1.12-1.15x over the base loop (``policy_cost.py --base-loops``,
-        idle, two 11-run passes, with :meth:`mark_evictable_many`).
+        Kept because it beats the base loop (``policy_cost.py --base-loops``; figures in
+        ``docs/benchmarks.md``).
         """
         self._add_blocks(keys, blocks)
         self._sizes[WINDOW] += len(keys)

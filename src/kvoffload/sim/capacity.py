@@ -14,18 +14,9 @@ import re
 from dataclasses import dataclass
 from fractions import Fraction
 
+from kvoffload._sizes import BYTE_UNITS
+
 _DECIMAL = {"": 1, "k": 10**3, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
-_BYTE_UNITS = {
-    "B": 1,
-    "KB": 10**3,
-    "MB": 10**6,
-    "GB": 10**9,
-    "TB": 10**12,
-    "KIB": 2**10,
-    "MIB": 2**20,
-    "GIB": 2**30,
-    "TIB": 2**40,
-}
 _NUMBER = r"(?P<num>\d+(?:\.\d*)?|\.\d+)"
 _PERCENT_RE = re.compile(rf"^{_NUMBER}\s*%$")
 _TOKENS_RE = re.compile(rf"^{_NUMBER}\s*(?P<mult>[kKMGT]?)\s*(?:tok|tokens)$")
@@ -66,14 +57,14 @@ def parse_capacity(
         return Capacity(spec, int(tokens // block_tokens))
     if match := _BYTES_RE.match(spec):
         unit = match["unit"].upper()
-        if unit not in _BYTE_UNITS:
+        if unit not in BYTE_UNITS:
             raise ValueError(f"capacity '{text}': unknown byte unit '{match['unit']}'")
         if bytes_per_token is None or bytes_per_token <= 0:
             raise ValueError(
                 f"capacity '{text}' is in bytes: also give --bytes-per-token (the KV size of "
                 "one token: 2 * layers * kv_heads * head_dim * dtype bytes)"
             )
-        total = Fraction(match["num"]) * _BYTE_UNITS[unit]
+        total = Fraction(match["num"]) * BYTE_UNITS[unit]
         return Capacity(spec, int(total // (Fraction(bytes_per_token) * block_tokens)))
     if match := _BLOCKS_RE.match(spec):
         blocks = Fraction(match["num"]) * _DECIMAL[match["mult"]]

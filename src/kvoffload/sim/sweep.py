@@ -7,6 +7,7 @@ per-task traffic is a small spec out and a result back. Results come back in a f
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import signal
@@ -40,10 +41,29 @@ def _init_worker(trace: Trace) -> None:
 def replay_at(
     trace: Trace, policy: PolicySpec, capacity: Capacity, options: ReplayOptions
 ) -> ReplayResult:
-    """One grid cell: a single-tier replay, or a multi-tier one for a :class:`TieredCapacity`."""
-    if isinstance(capacity, TieredCapacity) and capacity.config is not None:
-        return tiered_replay(trace, capacity.config, policy, options)
-    return replay(trace, capacity.blocks, policy, options, capacity.label)
+    """One grid cell: a single-tier replay, or a multi-tier one for a :class:`TieredCapacity`.
+
+    An exception it raises carries the cell (:func:`failed_cell`), across worker processes
+    too, so a caller can tell which policy broke the replay.
+    """
+    try:
+        if isinstance(capacity, TieredCapacity) and capacity.config is not None:
+            return tiered_replay(trace, capacity.config, policy, options)
+        return replay(trace, capacity.blocks, policy, options, capacity.label)
+    except Exception as exc:
+        # An attribute, not a wrapper: the exception keeps its type (and pickles with it);
+        # an exception type without a __dict__ just has no cell to tell.
+        with contextlib.suppress(AttributeError):
+            exc.kvoffload_replay_cell = (policy, capacity.label)  # type: ignore[attr-defined]
+        raise
+
+
+def failed_cell(exc: BaseException) -> tuple[PolicySpec, str] | None:
+    """``(policy, capacity label)`` of the replay that raised ``exc``, if a replay did."""
+    cell = getattr(exc, "kvoffload_replay_cell", None)
+    if isinstance(cell, tuple) and len(cell) == 2 and isinstance(cell[0], PolicySpec):
+        return cell[0], str(cell[1])
+    return None
 
 
 def _worker_replay(policy: PolicySpec, capacity: Capacity, options: ReplayOptions) -> ReplayResult:
@@ -61,10 +81,29 @@ def _worker_bounds(capacity: Capacity) -> Bounds:
 
 @dataclass
 class SweepResult:
-    """Replay results (capacity-major) and the bounds at each capacity (same order)."""
+    """Replay results (capacity-major) and the bounds at each capacity (same order).
+
+    A sweep cut short (:class:`SweepInterrupted`) holds only the tasks that finished, in the
+    same order, with ``partial`` set and ``tasks_total`` the tasks the whole grid had.
+    """
 
     results: list[ReplayResult]
     bounds: list[Bounds] = field(default_factory=list)
+    partial: bool = False
+    tasks_total: int = 0
+
+    @property
+    def tasks_done(self) -> int:
+        return len(self.results) + len(self.bounds)
+
+
+class SweepInterrupted(KeyboardInterrupt):
+    """Ctrl-C stopped a sweep; :attr:`partial` holds what finished before it (a
+    ``KeyboardInterrupt``, so a caller that ignores partial results stops as before)."""
+
+    def __init__(self, partial: SweepResult) -> None:
+        super().__init__(f"{partial.tasks_done} of {partial.tasks_total} tasks finished")
+        self.partial = partial
 
 
 ProgressCallback = Callable[[str], None]
@@ -129,13 +168,23 @@ def run_sweep(
             replay_future.add_done_callback(_notify(done, f"{policy.label} @ {capacity.label}"))
         bounds = [f.result() for f in bound_futures]
         results = [f.result() for f in replay_futures]
+    except KeyboardInterrupt as exc:
+        # Keep what finished (a long sweep's finished replays are worth writing), then stop.
+        partial = SweepResult(
+            [f.result() for f in replay_futures if _succeeded(f)],
+            [f.result() for f in bound_futures if _succeeded(f)],
+            partial=True,
+            tasks_total=total,
+        )
+        _stop_workers(pool, before)
+        raise SweepInterrupted(partial) from exc
     except BaseException:
-        # Fail fast (an error or Ctrl-C): drop queued tasks and stop running ones now rather
-        # than wait for every running replay to finish.
+        # Fail fast (an error): drop queued tasks and stop running ones now rather than wait
+        # for every running replay to finish.
         _stop_workers(pool, before)
         raise
     pool.shutdown(wait=True)
-    return SweepResult(results, bounds)
+    return SweepResult(results, bounds, tasks_total=total)
 
 
 def _stop_workers(pool: ProcessPoolExecutor, before: set[BaseProcess]) -> None:
@@ -149,6 +198,10 @@ def _stop_workers(pool: ProcessPoolExecutor, before: set[BaseProcess]) -> None:
         if process.is_alive():
             process.kill()
             process.join(timeout=1.0)
+
+
+def _succeeded(future: Future[Any]) -> bool:
+    return future.done() and not future.cancelled() and future.exception() is None
 
 
 def _notify(done: ProgressCallback, label: str) -> Callable[[Future[Any]], None]:
@@ -171,16 +224,27 @@ def _run_inline(
     if on_started is not None:
         on_started(total)
     bounds: list[Bounds] = []
-    if bound_tasks:
-        trace_bounds = TraceBounds(trace)
-        for capacity in bound_tasks:
-            bounds.append(trace_bounds.at(capacity.blocks))
-            done(f"bounds @ {capacity.label}")
-    results = []
-    for policy, capacity in replay_tasks:
-        results.append(replay_at(trace, policy, capacity, options))
-        done(f"{policy.label} @ {capacity.label}")
-    return SweepResult(results, bounds)
+    results: list[ReplayResult] = []
+    try:
+        if bound_tasks:
+            trace_bounds = TraceBounds(trace)
+            for capacity in bound_tasks:
+                bounds.append(trace_bounds.at(capacity.blocks))
+                done(f"bounds @ {capacity.label}")
+        for policy, capacity in replay_tasks:
+            results.append(replay_at(trace, policy, capacity, options))
+            done(f"{policy.label} @ {capacity.label}")
+    except KeyboardInterrupt as exc:
+        partial = SweepResult(results, bounds, partial=True, tasks_total=total)
+        raise SweepInterrupted(partial) from exc
+    return SweepResult(results, bounds, tasks_total=total)
 
 
-__all__ = ["SweepResult", "default_workers", "replay_at", "run_sweep"]
+__all__ = [
+    "SweepInterrupted",
+    "SweepResult",
+    "default_workers",
+    "failed_cell",
+    "replay_at",
+    "run_sweep",
+]

@@ -23,18 +23,19 @@ too: ``{"type": "fs", "root_dir": DIR}`` is the disk tier at ``DIR``, with vLLM'
 from __future__ import annotations
 
 import builtins
+import contextlib
 import difflib
 import inspect
 import logging
 import os
-import re
 import shutil
 import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from kvoffload._checks import check_int
+from kvoffload._checks import check_int, redact
+from kvoffload._sizes import format_size, parse_size
 from kvoffload.tiers.base import SlotMemory, Tier
 from kvoffload.tiers.manager import SecondaryTier, check_tier_settings
 from kvoffload.tiers.registry import available_tiers, get_tier_cls
@@ -57,42 +58,12 @@ DEFAULT_DISK_SHARE = 0.5
 
 _MANAGER_KEYS = tuple(f.name for f in fields(SecondaryTier) if f.name not in ("tier", "admission"))
 _RESERVED = ("memory", "self")
-_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([kKMGT]?i?B)?\s*$")
-_UNITS = {
-    "": 1,
-    "B": 1,
-    "KB": 10**3,
-    "MB": 10**6,
-    "GB": 10**9,
-    "TB": 10**12,
-    "KIB": 2**10,
-    "MIB": 2**20,
-    "GIB": 2**30,
-    "TIB": 2**40,
-}
 
 
 def parse_bytes(name: str, value: Any) -> int:
-    """An int of bytes, or a size string (``"2GiB"``, ``"500MB"``, ``"4096"``), as bytes."""
-    if isinstance(value, bool):
-        raise TypeError(f"config '{name}' must be bytes (an int or a size like '2GiB'), got bool")
-    if isinstance(value, int):
-        return value
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    if not isinstance(value, str):
-        raise TypeError(
-            f"config '{name}' must be bytes (an int or a size like '2GiB'), got "
-            f"{type(value).__name__} {value!r}"
-        )
-    match = _SIZE_RE.match(value)
-    unit = (match.group(2) or "").upper() if match else ""
-    if match is None or unit not in _UNITS:
-        raise ValueError(
-            f"config '{name}': cannot read {value!r} as a size; use bytes (4096) or a unit: "
-            "B, KB, MB, GB, TB (decimal), KiB, MiB, GiB, TiB (binary)"
-        )
-    return int(float(match.group(1)) * _UNITS[unit])
+    """An int of bytes, or a size string (``"2GiB"``, ``"500MB"``, ``"4096"``), as bytes
+    (:func:`kvoffload._sizes.parse_size`, named as the config key ``name``)."""
+    return parse_size(f"config '{name}'", value, low=None)  # each key checks its own range
 
 
 def _simple_types(hint: Any) -> tuple[type, ...] | None:
@@ -119,10 +90,11 @@ def _check_type(where: str, value: Any, allowed: tuple[type, ...]) -> None:
         ok = isinstance(value, tuple(t for t in allowed if t is not type(None)))
     if not ok:
         names = " or ".join("None" if t is type(None) else t.__name__ for t in allowed)
-        raise TypeError(f"config '{where}' must be {names}, got {type(value).__name__} {value!r}")
+        given = redact(where, value)
+        raise TypeError(f"config '{where}' must be {names}, got {type(value).__name__} {given!r}")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class TierConfig:
     """One checked ``tiers`` entry: the tier class, its constructor keywords, its manager keys.
 
@@ -144,6 +116,14 @@ class TierConfig:
     def where(self) -> str:
         return f"tiers[{self.index}]"
 
+    def __repr__(self) -> str:
+        """Passwords, secrets and URL credentials as ``***``: configs get logged."""
+        return (
+            f"TierConfig(type={self.type!r}, cls={self.cls.__module__}.{self.cls.__qualname__}, "
+            f"params={redact('params', dict(self.params))!r}, "
+            f"manager={redact('manager', dict(self.manager))!r}, index={self.index})"
+        )
+
     def build(self, memory: SlotMemory, **defaults: Any) -> SecondaryTier:
         """The tier over ``memory`` wrapped for the manager; ``defaults`` fill unset params
         the constructor takes (the spec passes ``namespace``)."""
@@ -152,8 +132,13 @@ class TierConfig:
         for key, value in defaults.items():
             if key in accepted and key not in params:
                 params[key] = value
-        if self.cls.__name__ == "DiskTier" and "capacity_bytes" not in params:
-            params["capacity_bytes"] = _default_disk_capacity(str(params.get("path", ".")))
+        if self.cls.__name__ == "DiskTier":
+            path = os.fspath(params.get("path", "."))
+            _make_disk_dir(self.where, path)
+            if "capacity_bytes" not in params:
+                params["capacity_bytes"] = _default_disk_capacity(path)
+            else:
+                _warn_past_free_space(self.where, path, params["capacity_bytes"])
         try:
             tier = self.cls(memory, **params)
         except (TypeError, ValueError) as exc:
@@ -170,14 +155,86 @@ def _constructor_params(cls: type[Tier]) -> dict[str, inspect.Parameter]:
     }
 
 
-def _default_disk_capacity(path: str) -> int:
+def _nearest_existing(path: str) -> str:
     probe = os.path.abspath(path)
     while not os.path.exists(probe):
         parent = os.path.dirname(probe)
         if parent == probe:
             break
         probe = parent
-    free = shutil.disk_usage(probe).free
+    return probe
+
+
+def _check_disk_path(where: str, path: object) -> None:
+    """A disk tier's ``path`` is a directory, or can become one: fail now, naming the key,
+    rather than with an OS error about a folder inside it."""
+    if not isinstance(path, (str, os.PathLike)):
+        return  # the type check names it
+    text = os.fspath(path)
+    existing = _nearest_existing(str(text))
+    if not os.path.isdir(existing):
+        what = (
+            "is a file" if existing == os.path.abspath(text) else f"is under the file '{existing}'"
+        )
+        raise ValueError(
+            f"config '{where}.path' must be a directory (made if missing), got '{text}', which "
+            f"{what}"
+        )
+
+
+def _make_disk_dir(where: str, path: str) -> None:
+    """Create the disk tier's directory now, so a place it cannot be is one line naming it."""
+    _check_disk_path(where, path)
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as exc:
+        raise ValueError(
+            f"config '{where}.path' must be a directory this process can create and write, "
+            f"got '{path}': {exc.strerror or exc}"
+        ) from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise ValueError(
+            f"config '{where}.path' must be a directory this process can create and write, "
+            f"got '{path}', which is not writable"
+        )
+
+
+def _bytes_under(path: str) -> int:
+    """Disk bytes the files under ``path`` take (a tier's own records count as room)."""
+    used = 0
+    for root, _dirs, files in os.walk(path):
+        for name in files:
+            with contextlib.suppress(OSError):
+                used += os.stat(os.path.join(root, name)).st_blocks * 512
+    return used
+
+
+def _warn_past_free_space(where: str, path: str, capacity: object) -> None:
+    """One WARNING when ``capacity_bytes`` is more than the disk can give the tier: it is
+    accepted (space may be freed later; the tier keeps within what is free), but a budget
+    the disk cannot hold is usually a typo in a unit."""
+    if not isinstance(capacity, int):
+        return
+    try:
+        free = shutil.disk_usage(path).free
+    except OSError:
+        return
+    held = _bytes_under(path)
+    if capacity > free + held:
+        logger.warning(
+            "config '%s.capacity_bytes' is %d bytes (%s), more than the %s free at %s "
+            "(plus %s of files already there); the tier stores until the disk is full",
+            where,
+            capacity,
+            format_size(capacity),
+            format_size(free),
+            path,
+            format_size(held),
+        )
+
+
+def _default_disk_capacity(path: str) -> int:
+    free = shutil.disk_usage(_nearest_existing(path)).free
     capacity = int(free * DEFAULT_DISK_SHARE)
     logger.info(
         "disk tier at %s has no capacity_bytes: using %.0f%% of the free space, %d bytes",
@@ -261,6 +318,8 @@ def parse_tier(raw: Mapping[str, Any], index: int = 0) -> TierConfig:
             )
         if key.endswith("_bytes"):
             value = check_int(f"config '{where}.{key}'", parse_bytes(f"{where}.{key}", value), 0)
+        if key == "path" and cls.__name__ == "DiskTier":
+            _check_disk_path(where, value)
         allowed = _simple_types(hints.get(key))
         if allowed is not None:
             _check_type(f"{where}.{key}", value, allowed)

@@ -12,7 +12,9 @@ eviction, and this class only adds the moves between its slots and the secondari
   Only the contiguous prefix is promoted (:meth:`TieringManager.lookup_prefix`); ``UNKNOWN``
   presence is ``RETRY``, at most ``lookup_retries`` times per request and key, then a miss.
 * **A failed key is a miss**: its slot is freed and the tier gets a negative verdict for it,
-  so it is not promoted from there again (vllm #49176's livelock).
+  so it is not promoted from there again (vllm #49176's livelock) until the verdict expires
+  (``negative_ttl_s``) or a put of it succeeds there: one failed read never strands a block
+  the tier still holds.
 * **Writes** follow each tier's policy: ``write_through`` after the CPU store completes,
   ``write_back`` when the CPU policy evicts the block (the victim's slot is held, neither
   stored nor free, until the tier has copied it out; see :meth:`CPUOffloadingManager.evict_ahead`),
@@ -266,7 +268,7 @@ class _TierState:
         self.inflight_bytes = 0
         self.put_keys: set[OffloadKey] = set()  # keys with a put in flight here
         self.queue: list[tuple[OffloadKey, int, ReqContext]] = []  # promotions not submitted
-        self.negative: OrderedDict[OffloadKey, None] = OrderedDict()  # failed reads
+        self.negative: OrderedDict[OffloadKey, float] = OrderedDict()  # failed read -> expiry
         self.write_backs = 0  # evicted blocks whose write here is in flight
         self.counters: dict[str, float] = dict.fromkeys(_TIER_COUNTERS, 0)
         self.drops: Counter[str] = Counter()
@@ -292,6 +294,9 @@ class TieringManager(OffloadingManager):
         write_back_wait_s: how long a store (or promotion) that lacks CPU room waits for the
             write-backs that free it (``Tier.drain``) before it is refused.
         max_negative: bound of each tier's failed-read memory.
+        negative_ttl_s: how long a failed read keeps its key from being promoted from that
+            tier again (``inf``: until a put of it succeeds there). Write-through never puts
+            a block the tier already holds, so a verdict that never expired would strand it.
     """
 
     def __init__(
@@ -304,6 +309,7 @@ class TieringManager(OffloadingManager):
         drain_timeout_s: float = 5.0,
         max_negative: int = 65536,
         write_back_wait_s: float = 0.05,
+        negative_ttl_s: float = 10.0,
     ) -> None:
         if not isinstance(cpu, CPUOffloadingManager):
             raise TypeError(f"cpu must be a CPUOffloadingManager, got {type(cpu).__name__}")
@@ -315,6 +321,7 @@ class TieringManager(OffloadingManager):
             )
         drain_timeout_s = check_seconds("drain_timeout_s", drain_timeout_s)
         write_back_wait_s = check_seconds("write_back_wait_s", write_back_wait_s)
+        self.negative_ttl_s = check_seconds("negative_ttl_s", negative_ttl_s)
         check_int("max_negative", max_negative, 0, why=" (failed reads remembered per tier)")
         self.cpu = cpu
         self.memory = memory
@@ -422,10 +429,20 @@ class TieringManager(OffloadingManager):
     def _negative(self, st: _TierState, key: OffloadKey) -> None:
         if not self._max_negative:
             return
-        st.negative[key] = None
+        st.negative[key] = self._clock() + self.negative_ttl_s
         st.negative.move_to_end(key)
         while len(st.negative) > self._max_negative:
             st.negative.popitem(last=False)
+
+    def _refused(self, st: _TierState, key: OffloadKey) -> bool:
+        """True while a failed read's verdict holds ``key`` back from ``st`` (expired: gone)."""
+        expiry = st.negative.get(key)
+        if expiry is None:
+            return False
+        if self._clock() < expiry:
+            return True
+        del st.negative[key]
+        return False
 
     # ----------------------------------------------------------------- lookup
     def _locate(
@@ -445,7 +462,7 @@ class TieringManager(OffloadingManager):
             presence = st.tier.contains(asked)
             left = []
             for i, verdict in zip(todo, presence, strict=True):
-                if verdict is Presence.HIT and keys[i] not in st.negative:
+                if verdict is Presence.HIT and not self._refused(st, keys[i]):
                     found[i] = index
                     st.counters["hits"] += 1
                 else:
@@ -498,7 +515,10 @@ class TieringManager(OffloadingManager):
         keys, tiers = keys[:cut], tiers[:cut]
         if not keys:
             return 0
-        offered = list(prefix) if prefix else keys
+        # Only the keys read below may get slots: a key the bound cut off (or a prefix key
+        # evicted since it was seen) would otherwise hold a pending slot no read completes.
+        promoted = set(keys)
+        offered = [k for k in prefix if k in promoted or k in self._slots] if prefix else keys
         if not self._make_room(keys, offered):
             self._counters["promotion_allocation_failures"] += 1
             return 0
@@ -514,10 +534,11 @@ class TieringManager(OffloadingManager):
                 kept = i
                 self._counters["promotions_cut"] += 1
                 break
-        beyond = [k for k in keys[kept:] if k in stored]
-        if beyond:
-            self.cpu.complete_store(beyond, ctx, success=False)
-            self._forget_cpu(beyond)
+        read = set(keys[:kept])
+        unread = [k for k in out.keys_to_store if k not in read]
+        if unread:  # slots no read will fill: released now, never left pending
+            self.cpu.complete_store(unread, ctx, success=False)
+            self._forget_cpu(unread)
         for key, index in zip(keys[:kept], tiers[:kept], strict=True):
             self._tiers[index].queue.append((key, self._slots[key], ctx))
             self._promoting[key] = index

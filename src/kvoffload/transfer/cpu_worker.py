@@ -11,10 +11,10 @@ How a job runs:
 * The pairs are copied by ``torch._foreach_copy_``: one pass over the bytes, with the GIL
   released. A fused list copy of page-sized views runs on one thread while one big ``copy_``
   uses every intra-op thread, so a large job is cut into that many byte-balanced shares
-  copied in parallel (512-token blocks in random slots: 0.47 -> 0.70-0.75 of the ceiling).
+  copied in parallel (figures in ``docs/benchmarks.md``).
 
 Why not ``index_select`` into a staging tensor plus ``index_copy_``: that moves every byte
-twice and measured 0.16-0.42 of the same-run copy ceiling (docs/data-plane.md).
+twice, far below the same-run copy ceiling (``docs/benchmarks.md``).
 """
 
 from __future__ import annotations
@@ -58,26 +58,29 @@ class _Splitter:
 class RowRuns:
     """Row pairs ``src_rows[i] -> dst_rows[i]`` merged into runs that advance together.
 
-    Consecutive pairs whose source and destination rows both grow by one become one copy of
-    several rows (a fresh cache maps slots 0, 1, 2, ... to consecutive blocks), which cuts
-    the per-copy overhead. Rows repeated on one side (a block stored into two slots, a slot
-    loaded into two blocks) are never merged.
+    Consecutive pairs whose source and destination rows both grow by their step (1, or
+    ``blocks_per_chunk`` on the device side of whole chunks) become one copy of several
+    rows (a fresh cache maps slots 0, 1, 2, ... to consecutive blocks), which cuts the
+    per-copy overhead. Rows repeated on one side (a block stored into two slots, a slot
+    loaded into two blocks) are never merged. A span covers ``length * step`` rows.
     """
 
-    def __init__(self, src_rows: list[int], dst_rows: list[int]) -> None:
+    def __init__(
+        self, src_rows: list[int], dst_rows: list[int], src_step: int = 1, dst_step: int = 1
+    ) -> None:
         runs: list[tuple[int, int, int]] = []  # (src start, dst start, length)
         mergeable = len(set(src_rows)) == len(src_rows) and len(set(dst_rows)) == len(dst_rows)
         for s, d in zip(src_rows, dst_rows, strict=True):
             if mergeable and runs:
                 s0, d0, length = runs[-1]
-                if s == s0 + length and d == d0 + length:
+                if s == s0 + length * src_step and d == d0 + length * dst_step:
                     runs[-1] = (s0, d0, length + 1)
                     continue
             runs.append((s, d, 1))
         self.num_runs = len(runs)
         self.longest = max((n for _, _, n in runs), default=0)
-        self._src = _Splitter([(s, n) for s, _, n in runs])
-        self._dst = _Splitter([(d, n) for _, d, n in runs])
+        self._src = _Splitter([(s, n * src_step) for s, _, n in runs])
+        self._dst = _Splitter([(d, n * dst_step) for _, d, n in runs])
 
     def pick_src(self, matrix: torch.Tensor) -> list[torch.Tensor]:
         """The source spans of ``matrix``, one view per run."""
@@ -88,17 +91,40 @@ class RowRuns:
         return self._dst.pick(matrix)
 
 
+def chunk_starts(blocks: list[int], blocks_per_chunk: int) -> list[int] | None:
+    """Each chunk's first device block, when every chunk is ``blocks_per_chunk`` consecutive
+    blocks and no block repeats; else ``None``.
+
+    Such a chunk is one contiguous row span on the device side and one in its slot, so it
+    moves as one copy per layer view (and runs of chunks as one strided copy) instead of
+    one copy per device block.
+    """
+    if blocks_per_chunk == 1 or len(set(blocks)) != len(blocks):
+        return None
+    starts = blocks[::blocks_per_chunk]
+    for i, first in enumerate(starts):
+        chunk = blocks[i * blocks_per_chunk : (i + 1) * blocks_per_chunk]
+        if chunk != list(range(first, first + blocks_per_chunk)):
+            return None
+    return starts
+
+
 _SPLIT_BYTES = 8 << 20  # below this a job is copied by the calling thread alone
 _pool: ThreadPoolExecutor | None = None
 
 
 def _copy_serial(dst: list[torch.Tensor], src: list[torch.Tensor]) -> None:
-    foreach_copy = getattr(torch, "_foreach_copy_", None)
-    if foreach_copy is not None:
-        foreach_copy(dst, src)
-        return
-    for d, s in zip(dst, src, strict=True):
-        d.copy_(s)
+    # Inference mode is per thread and this runs on the worker's threads: the engine's KV
+    # tensors or the host buffer may be inference tensors (built under
+    # torch.inference_mode(), as Hugging Face users do), which take in-place writes only
+    # inside it. On normal tensors it changes nothing the copy does.
+    with torch.inference_mode():
+        foreach_copy = getattr(torch, "_foreach_copy_", None)
+        if foreach_copy is not None:
+            foreach_copy(dst, src)
+            return
+        for d, s in zip(dst, src, strict=True):
+            d.copy_(s)
 
 
 def copy_pairs(dst: list[torch.Tensor], src: list[torch.Tensor]) -> None:
@@ -187,6 +213,20 @@ class CPUTransferWorker(TransferWorker):
         src: list[torch.Tensor] = []
         for part in job.parts:
             views = self._part_views(part)
+            starts = chunk_starts(part.blocks, bpc)
+            if starts is not None:  # whole chunks: device rows [b, b + bpc) <-> one slot
+                if store:
+                    runs = RowRuns(starts, part.slots, src_step=bpc)
+                else:
+                    runs = RowRuns(part.slots, starts, dst_step=bpc)
+                for device, host in views:
+                    # A slot's region holds its chunk's pages back to back: flat 2-D copies.
+                    rows = (runs.pick_src if store else runs.pick_dst)(device)
+                    chunks = [r.view(-1, bpc * r.shape[1]) for r in rows]
+                    slots = (runs.pick_dst if store else runs.pick_src)(host.flatten(1))
+                    src += chunks if store else slots
+                    dst += slots if store else chunks
+                continue
             for j in range(bpc):  # the j-th device block of every chunk
                 blocks = part.blocks[j::bpc]
                 runs = RowRuns(blocks, part.slots) if store else RowRuns(part.slots, blocks)
@@ -203,4 +243,4 @@ class CPUTransferWorker(TransferWorker):
             thread.join()
 
 
-__all__ = ["CPUTransferWorker", "RowRuns", "copy_pairs"]
+__all__ = ["CPUTransferWorker", "RowRuns", "chunk_starts", "copy_pairs"]

@@ -111,7 +111,14 @@ class CudaTransferWorker(TransferWorker):
         compute = torch.cuda.current_stream(self.device)
         stream = self._store_stream if job.kind == STORE else self._load_stream
         try:
-            with torch.cuda.device(self.device), torch.cuda.stream(stream):
+            # Inference mode: the engine's KV tensors or the host buffer may be inference
+            # tensors (built under torch.inference_mode()), which only take in-place writes
+            # inside it; on normal tensors it changes nothing the copies do.
+            with (
+                torch.inference_mode(),
+                torch.cuda.device(self.device),
+                torch.cuda.stream(stream),
+            ):
                 if job.kind == STORE or self._load_waits_for_compute:
                     stream.wait_stream(compute)
                 for dep in deps:

@@ -76,7 +76,10 @@ def block_byte_views(
     """Per tensor, per view (K/V or whole block): a ``(num_blocks, page_bytes)`` uint8 view."""
     views: list[list[torch.Tensor]] = []
     for spec, tensor in zip(layout.tensors, tensors, strict=True):
-        parts = [tensor[0], tensor[1]] if spec.kind == "kv_first" else [tensor]
+        if spec.kind == "heads_first":  # one page per (K/V, head): [num_blocks, T, D] each
+            parts = [tensor[kv, h] for kv in (0, 1) for h in range(spec.shape[1])]
+        else:
+            parts = [tensor[0], tensor[1]] if spec.kind == "kv_first" else [tensor]
         shape = (spec.num_blocks, spec.page_bytes)
         views.append([p.view(torch.uint8).reshape(shape) for p in parts])
     return views

@@ -15,7 +15,7 @@ CAPACITIES = "1%,5%,10%,25%"
 HELP = "infinite-cache, Belady MIN and OPT-with-bypass hit ratios"
 DESCRIPTION = (
     "The hit ratios no policy can beat on a trace: an infinite cache, Belady's MIN and "
-    f"OPT with bypass, at each capacity (default {CAPACITIES.replace('%', '%%')})."
+    f"OPT with bypass, at each capacity (default {CAPACITIES})."
 )
 
 

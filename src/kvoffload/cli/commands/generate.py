@@ -54,12 +54,14 @@ def run(args: argparse.Namespace) -> int:
         **trace.describe(),
         "source": args.output,
         "tokens": trace.total_tokens,
-        "duration_s": trace.requests[-1].timestamp_s,
+        # Milliseconds are the trace's own resolution (Mooncake timestamps).
+        "duration_s": round(trace.requests[-1].timestamp_s, 3),
         "config": config_as_dict(cfg),
     }
     if args.format == "json":
         output.emit_json(summary)
         return 0
-    rows = [(k, v) for k, v in summary.items() if k != "config"]
+    # A generated trace skips no lines: an empty "first_skip_error" row says nothing.
+    rows = [(k, v) for k, v in summary.items() if k != "config" and v is not None]
     output.print_rich(output.tables().key_value_table(rows, title=f"wrote {args.output}"))
     return 0

@@ -13,7 +13,7 @@ HELP = "replay a trace (default: a generated workload) through policies"
 DESCRIPTION = (
     "Replay a trace through policies and show each next to the optimal bounds. With no "
     "arguments: the generated default workload, every built-in policy, capacities "
-    f"{CAPACITIES.replace('%', '%%')}."
+    f"{CAPACITIES}."
 )
 
 

@@ -12,7 +12,7 @@ CAPACITIES = "1%,2%,5%,10%,20%,30%,50%"
 HELP = "policies x capacities grid with JSON/CSV output and plots"
 DESCRIPTION = (
     "Replay every policy at every capacity (default "
-    f"{CAPACITIES.replace('%', '%%')} of the unique blocks) with the bounds at each, in "
+    f"{CAPACITIES} of the unique blocks) with the bounds at each, in "
     "parallel worker processes; write the grid with -o FILE.json / FILE.csv and draw "
     "miss-ratio curves and per-capacity bar charts with --plot DIR."
 )

@@ -37,8 +37,12 @@ def write_results_csv(
     bounds: Sequence[Bounds],
     out: IO[str],
     timing: bool = False,
+    partial: bool = False,
 ) -> None:
-    """Write the rows (header from the first row's keys, later new keys appended)."""
+    """Write the rows (header from the first row's keys, later new keys appended).
+
+    ``partial``: the grid was cut short; a ``partial`` column (true on every row) says so.
+    """
     bounds_at = {b.capacity_blocks: b.to_dict() for b in bounds}
     rows = []
     for result in results:
@@ -46,6 +50,8 @@ def write_results_csv(
         for key, value in bounds_at.get(result.capacity_blocks, {}).items():
             if key not in row:
                 row[key] = value
+        if partial:
+            row["partial"] = True
         rows.append(row)
     if not rows:
         return

@@ -1,10 +1,13 @@
-"""Charts of a sweep, made to be read by a person: a miss-ratio curve per policy and a bar
-chart per capacity, the bounds drawn in. Needs matplotlib (the ``[plot]`` extra).
+"""Charts of a sweep, made to be read by a person: hit-ratio curves and a bar chart per
+capacity, the bounds drawn in. Needs matplotlib (the ``[plot]`` extra).
 
-Readability rules: every policy gets its own colour *and* marker/line style (18 policies on
-a 10-colour cycle would otherwise repeat), legends sit outside the data, OPT and Belady stay
-visible when they coincide (a wide pale band under a thin dashed line), and files are named
-by the capacity asked for (``bars_5pct.png`` for ``5%``).
+Readability rules: the y axis is the hit ratio the tables show; the curves show the few best
+policies, LRU (the baseline) and the bounds by default, each in a style no other line has
+(all policies on request, each with its own colour *and* marker/line style, since 19 policies
+on a 10-colour cycle would otherwise repeat); bars are sorted best first on an axis that spans
+the policies' values, so a difference of a few thousandths shows; legends sit outside the
+data; OPT and Belady stay visible when they coincide (a wide pale band under a thin dashed
+line); files are named by the capacity asked for (``bars_5pct.png`` for ``5%``).
 """
 
 from __future__ import annotations
@@ -20,6 +23,21 @@ from kvoffload.sim.replay import ReplayResult
 
 _MARKERS = ("o", "s", "^", "D", "v", "P", "X", "<", ">")
 _LINESTYLES = ("-", "--", "-.", ":")
+
+#: Policies a default curve shows besides the baseline.
+TOP_POLICIES = 4
+#: The baseline every chart keeps in view.
+BASELINE = "lru"
+# The few best: solid lines, colours and markers no other line uses; the baseline: red, dashed.
+_TOP_STYLES = tuple(
+    {"color": colour, "marker": marker, "linestyle": "-"}
+    for colour, marker in zip(
+        ("C0", "C1", "C2", "C4", "C5", "C6", "C8", "C9"),
+        ("o", "s", "^", "D", "v", "P", "<", ">"),
+        strict=True,
+    )
+)
+_BASELINE_STYLE = {"color": "C3", "marker": "x", "linestyle": "--", "linewidth": 2.0}
 
 
 def _pyplot() -> Any:
@@ -94,17 +112,60 @@ def _labels_by_capacity(
     return labels
 
 
-def plot_miss_ratio_curves(
+def _ranked_policies(results: Sequence[ReplayResult]) -> list[str]:
+    """Policy labels, best first by mean hit ratio over the capacities each ran at."""
+    totals: dict[str, list[float]] = {}
+    for r in results:
+        totals.setdefault(r.policy, []).append(_metric(r))
+    return sorted(totals, key=lambda p: -sum(totals[p]) / len(totals[p]))
+
+
+def curve_policies(results: Sequence[ReplayResult], top: int | None = TOP_POLICIES) -> list[str]:
+    """The policies a hit-ratio curve draws, best first: the ``top`` best, then the baseline.
+
+    ``top=None``: every policy.
+    """
+    ranked = _ranked_policies(results)
+    if top is None:
+        return ranked
+    shown = ranked[:top]
+    if BASELINE in ranked and BASELINE not in shown:
+        shown.append(BASELINE)
+    return shown
+
+
+def bar_axis(values: Sequence[float], baseline: float | None = None) -> tuple[float, float]:
+    """The hit-ratio range a bar chart spans: every policy within half of the best's value,
+    and the baseline.
+
+    A policy far below the others (``sae`` at a tenth of them) would otherwise squash every
+    difference that matters into a few pixels; bars below the start get their value written
+    at the axis' edge instead.
+    """
+    best = max(values)
+    near = [v for v in values if v >= best / 2]
+    low = min([*near, *([baseline] if baseline is not None else [])])
+    span = (best - low) or (best * 0.1) or 0.1
+    return max(0.0, low - 0.6 * span), best + 0.3 * span
+
+
+def plot_hit_ratio_curves(
     results: Sequence[ReplayResult],
     bounds: Sequence[Bounds],
     path: str | os.PathLike[str],
     title: str = "",
+    top: int | None = TOP_POLICIES,
 ) -> Path:
-    """Miss ratio (1 - usable hit ratio) against capacity, one line per policy."""
+    """Hit ratio against capacity: the ``top`` best policies, LRU and the bounds.
+
+    ``top=None`` draws every policy. The legend lists the policies best first.
+    """
     plt = _pyplot()
     by_policy: dict[str, list[ReplayResult]] = {}
     for r in results:
         by_policy.setdefault(r.policy, []).append(r)
+    ranked = _ranked_policies(results)
+    shown = curve_policies(results, top)
     fig, ax = plt.subplots(figsize=(10, 6))
     mode = results[0].mode if results else "prefix"
     ordered = sorted(bounds, key=lambda b: b.capacity_blocks)
@@ -112,18 +173,38 @@ def plot_miss_ratio_curves(
         xs = [b.capacity_blocks for b in ordered]
         values = [_bound_values(b, mode) for b in ordered]
         for name, style in _BOUND_STYLE.items():
-            ys = [1 - v[name] for v in values]
+            ys = [v[name] for v in values]
             ax.plot(xs, ys, label=_bound_label(name, values), zorder=1, **style)
-    for i, (policy, rows) in enumerate(by_policy.items()):
-        rows = sorted(rows, key=lambda r: r.capacity_blocks)
+    top_index = 0
+    drawn: dict[str, list[float]] = {}
+    for rank, policy in enumerate(shown):
+        rows = sorted(by_policy[policy], key=lambda r: r.capacity_blocks)
+        ys = [_metric(r) for r in rows]
+        # A policy with the very same curve as one drawn before (auto and the candidate it
+        # ran) would hide under it: say so in the legend and draw it dotted, hollow, larger.
+        twin = next((p for p, v in drawn.items() if v == ys), None)
+        drawn[policy] = ys
+        if top is None:
+            style = policy_style(ranked.index(policy))
+        elif policy == BASELINE:
+            style = dict(_BASELINE_STYLE)
+        else:
+            style = dict(_TOP_STYLES[top_index % len(_TOP_STYLES)])
+            top_index += 1
+        style.setdefault("linewidth", 1.4)
+        label = policy + (" (baseline)" if policy == BASELINE else "")
+        extra: dict[str, Any] = {"markersize": 6}
+        if twin is not None:
+            label += f" (= {twin} here)"
+            style["linestyle"] = ":"
+            extra = {"markersize": 11, "markerfacecolor": "none", "markeredgewidth": 1.5}
         ax.plot(
             [r.capacity_blocks for r in rows],
-            [1 - _metric(r) for r in rows],
-            label=policy,
-            markersize=5,
-            linewidth=1.3,
-            zorder=2,
-            **policy_style(i),
+            ys,
+            label=label,
+            zorder=3 if policy == BASELINE else 2.5 - rank / 100,
+            **extra,
+            **style,
         )
     labels = _labels_by_capacity(results, bounds)
     if len(labels) > 2:
@@ -132,8 +213,14 @@ def plot_miss_ratio_curves(
     ax.minorticks_off()
     ax.set_xlabel("capacity (as asked, and in blocks)")
     what = "usable prefix" if mode == "prefix" else "block"
-    ax.set_ylabel(f"miss ratio (1 - {what} hit ratio); lower is better")
-    ax.set_title(title or "Miss-ratio curves")
+    ax.set_ylabel(f"{what} hit ratio; higher is better")
+    ax.set_ylim(bottom=0)
+    title = title or "Hit-ratio curves"
+    if len(shown) < len(by_policy):
+        title += f"\nthe best {top} of {len(by_policy)} policies" + (
+            f" and {BASELINE}" if BASELINE in by_policy else ""
+        )
+    ax.set_title(title)
     ax.grid(True, alpha=0.3)
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0, fontsize="small")
     out = Path(path)
@@ -142,14 +229,20 @@ def plot_miss_ratio_curves(
     return out
 
 
+#: The earlier name (the curve once showed miss ratios).
+plot_miss_ratio_curves = plot_hit_ratio_curves
+
+
 def plot_capacity_bars(
     results: Sequence[ReplayResult],
     bounds: Sequence[Bounds],
     directory: str | os.PathLike[str],
     title: str = "",
 ) -> list[Path]:
-    """One chart per capacity: a horizontal bar per policy, bounds as vertical lines.
+    """One chart per capacity: a horizontal bar per policy, best first, bounds as lines.
 
+    The axis spans the policies' values (not zero to the infinite cache), so bars that differ
+    by a few thousandths differ visibly; a bound off the axis keeps its value in the legend.
     Files are ``bars_<capacity as asked>.png`` (``%`` spelled ``pct``).
     """
     plt = _pyplot()
@@ -160,29 +253,44 @@ def plot_capacity_bars(
     used: set[str] = set()
     paths = []
     for capacity, rows in by_capacity.items():
+        rows = sorted(rows, key=_metric, reverse=True)
         fig, ax = plt.subplots(figsize=(9, 1.2 + 0.32 * len(rows)))
         values = [_metric(r) for r in rows]
-        best = max(values)
-        ys = list(range(len(rows)))[::-1]  # first policy on top
-        colours = ["tab:orange" if v == best else "tab:blue" for v in values]
-        ax.barh(ys, values, color=colours, height=0.7, zorder=2)
+        best = values[0]
+        baseline = next((_metric(r) for r in rows if r.policy == BASELINE), None)
+        xmin, xmax = bar_axis(values, baseline)
+        ys = list(range(len(rows)))[::-1]  # best on top
+        colours = [
+            "tab:orange" if v == best else "tab:red" if r.policy == BASELINE else "tab:blue"
+            for r, v in zip(rows, values, strict=True)
+        ]
+        # Bars start at the axis' left edge, which is not zero: the label below says so.
+        widths = [max(0.0, v - xmin) for v in values]
+        ax.barh(ys, widths, left=xmin, color=colours, height=0.7, zorder=2)
         ax.set_yticks(ys, [r.policy for r in rows])
         for y, v in zip(ys, values, strict=True):
-            ax.text(v, y, f" {v:.4f}", va="center", fontsize="x-small", zorder=3)
+            if v >= xmin:
+                ax.text(v, y, f" {v:.4f}", va="center", fontsize="x-small", zorder=3)
+            else:
+                ax.text(xmin, y, f" {v:.4f} (below the axis)", va="center", fontsize="x-small")
         b = bounds_at.get(capacity)
         if b is not None:
             bound_values = _bound_values(b, rows[0].mode)
             for name, style in _BOUND_STYLE.items():
                 value = bound_values[name]
-                label = f"{_bound_label(name, [bound_values])} {value:.4f}"
+                off = " (off the axis)" if not xmin <= value <= xmax else ""
+                label = f"{_bound_label(name, [bound_values])} {value:.4f}{off}"
                 ax.axvline(value, label=label, zorder=1 if name == "OPT (bypass)" else 4, **style)
         ax.bar([0], [0], color="tab:orange", label="best policy here")
+        if any(r.policy == BASELINE for r in rows):
+            ax.bar([0], [0], color="tab:red", label=f"{BASELINE} (baseline)")
         ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0, fontsize="small")
         label = rows[0].capacity_label or str(capacity)
         ax.set_title(f"{title + ': ' if title else ''}capacity {label} ({capacity:,} blocks)")
         what = "usable prefix hit ratio" if rows[0].mode == "prefix" else "block hit ratio"
-        ax.set_xlabel(f"{what}; higher is better")
-        ax.set_xlim(0, max([*values, *(bound_values.values() if b else [])]) * 1.12 or 1)
+        start = "" if xmin == 0 else f"; the axis starts at {xmin:.4f}, not 0"
+        ax.set_xlabel(f"{what}; higher is better{start}")
+        ax.set_xlim(xmin, xmax)
         ax.grid(True, axis="x", alpha=0.3)
         name = capacity_file_name(label)
         if name in used:
@@ -253,8 +361,13 @@ def plot_tiers(
 
 
 __all__ = [
+    "BASELINE",
+    "TOP_POLICIES",
+    "bar_axis",
     "capacity_file_name",
+    "curve_policies",
     "plot_capacity_bars",
+    "plot_hit_ratio_curves",
     "plot_miss_ratio_curves",
     "plot_tiers",
     "policy_style",

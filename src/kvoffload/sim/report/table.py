@@ -9,7 +9,7 @@ terminal wraps it) rather than numbers cut short with an ellipsis.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 try:
     from rich import box
@@ -51,7 +51,7 @@ def _share_of_opt(result: ReplayResult, bounds: Bounds | None) -> str:
     return f"{100 * score(result) / best:.0f}%" if best > 0 else "-"
 
 
-def results_legend(mode: str, timing: bool = False, bounds: bool = True) -> str:
+def results_legend(mode: str, timing: bool = False, bounds: bool = True, auto: bool = False) -> str:
     """What the columns of :func:`results_table` mean, for printing under it."""
     ranked = "prefix hit" if mode == "prefix" else "block hit"
     lines = [
@@ -66,6 +66,11 @@ def results_legend(mode: str, timing: bool = False, bounds: bool = True) -> str:
             "Bounds: Belady MIN evicts the block reused furthest ahead; OPT (bypass) may also "
             "decline to store; infinite cache never evicts."
         )
+    if auto:
+        lines.append(
+            "auto -> X: the candidate auto was running at the end of the replay (its hits are "
+            "that candidate's, and those of the ones it switched from)."
+        )
     if timing:
         lines.append(
             "blocks/s: block accesses replayed per second of wall time (varies run to run)."
@@ -78,8 +83,12 @@ def results_table(
     bounds: Sequence[Bounds] = (),
     title: str | None = None,
     timing: bool = False,
+    display: Callable[[ReplayResult], str] | None = None,
 ) -> Table:
-    """Policies by capacity, the best of each capacity starred, bounds rows under each group."""
+    """Policies by capacity, the best of each capacity starred, bounds rows under each group.
+
+    ``display`` names a result's row (default: its policy label).
+    """
     # Keyed by label too: tier lists with the same CPU capacity are different columns.
     by_capacity: dict[tuple[int, str], list[ReplayResult]] = {}
     for result in results:
@@ -114,7 +123,8 @@ def results_table(
             ]
             if timing:
                 cells.append(_count(r.blocks_per_s))
-            name = f"{r.policy} {BEST_MARK}" if starred else r.policy
+            shown = display(r) if display is not None else r.policy
+            name = f"{shown} {BEST_MARK}" if starred else shown
             table.add_row(name, *cells, style="bold" if starred else None)
         if b is not None:
             for name, block, prefix, tokens in (
@@ -269,7 +279,9 @@ def print_renderables(console: Console, *items: RenderableType) -> None:
     """Print text (wrapped at the width) and tables (never narrower than their numbers)."""
     for item in items:
         if isinstance(item, str):
-            console.print(item, highlight=False)
+            # Piped, a line of text stays one line (a reader's pager or grep sees whole
+            # sentences); on a terminal it wraps at the terminal's width.
+            console.print(item, highlight=False, soft_wrap=not console.is_terminal)
             continue
         unbounded = console.options.update(width=10_000)
         needed = Measurement.get(console, unbounded, item).minimum

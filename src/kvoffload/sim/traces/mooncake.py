@@ -22,7 +22,9 @@ class MooncakeFormat(TraceFormat):
     detect_priority = 10  # above hash_ids, which also has 'hash_ids'
 
     def detect(self, obj: dict[str, Any]) -> bool:
-        return "hash_ids" in obj and "input_length" in obj
+        # All three: a generic record may carry an optional input_length (and then its
+        # timestamp, if any, is in seconds, not Mooncake's milliseconds).
+        return "hash_ids" in obj and "input_length" in obj and "timestamp" in obj
 
     def parse(self, obj: dict[str, Any], state: ReaderState) -> TraceRecord:
         timestamp_ms = as_time(require(obj, "timestamp"), "timestamp")

@@ -28,6 +28,26 @@ from kvoffload.sim.traces.registry import (
 DEFAULT_BLOCK_TOKENS = 512
 
 
+#: One line that turns a CSV trace (a header row naming the JSON fields; ``hash_ids`` a
+#: quoted JSON list) into JSON Lines: numbers and lists are read as JSON, the rest as text.
+CSV_TO_JSONL = (
+    'python -c "import csv, json, sys; [print(json.dumps({k: json.loads(v) if v[:1] in '
+    "'[-.0123456789' else v for k, v in row.items() if v})) for row in "
+    'csv.DictReader(sys.stdin)]" < trace.csv > trace.jsonl'
+)
+CSV_NOT_READ = (
+    "this looks like a CSV file; traces are JSON Lines (one JSON object per line) and CSV is "
+    f"not read. Convert it (header row of field names, hash_ids as a quoted JSON list): "
+    f"{CSV_TO_JSONL}"
+)
+
+
+def _looks_like_csv(text: str) -> bool:
+    """A first line that is not JSON but is comma-separated and not a JSON object or list."""
+    stripped = text.strip()
+    return "," in stripped and not stripped.startswith(("{", "["))
+
+
 class MixedBlockIdWarning(UserWarning):
     """A trace writes the same block id both as a number and as a string (two blocks)."""
 
@@ -101,6 +121,7 @@ class TraceReader:
         self._first_time: float | None = None
         self._last_time = 0.0
         self._warned_mixed_ids = False
+        self._read_a_record = False
 
     @property
     def block_tokens(self) -> int:
@@ -113,6 +134,11 @@ class TraceReader:
         return self._format.name if self._format is not None else "auto"
 
     def __iter__(self) -> Iterator[TraceRequest]:
+        if os.path.isdir(self.path):  # open() would say only "[Errno 21] Is a directory"
+            raise ValueError(
+                f"trace path '{self.path}' is a directory; give a trace file (JSON Lines, "
+                "optionally gzip- or zstd-compressed)"
+            )
         produced = 0
         with open_trace_binary(self.path) as stream:
             for line_no, line in iter_lines(stream, self.path, self.max_line_bytes):
@@ -143,6 +169,8 @@ class TraceReader:
         try:
             obj: Any = json.loads(text)
         except json.JSONDecodeError as exc:
+            if not self._read_a_record and _looks_like_csv(text):
+                raise BadRecord(CSV_NOT_READ) from None
             raise BadRecord(f"not valid JSON: {exc.msg} (column {exc.colno})") from None
         if not isinstance(obj, dict):
             raise BadRecord(f"expected a JSON object, got {type(obj).__name__}")
@@ -170,6 +198,7 @@ class TraceReader:
                 self._first_time = record.timestamp_s
             timestamp_s = record.timestamp_s - self._first_time
         self._last_time = timestamp_s
+        self._read_a_record = True
         return TraceRequest(
             req_id=record.request_id if record.request_id is not None else str(line_no),
             timestamp_s=timestamp_s,
@@ -238,6 +267,8 @@ def load_trace(
 
 
 __all__ = [
+    "CSV_NOT_READ",
+    "CSV_TO_JSONL",
     "DEFAULT_BLOCK_TOKENS",
     "MixedBlockIdWarning",
     "TraceReader",

@@ -2,7 +2,7 @@
 
 from kvoffload.tiers.disk.io import FileLayer
 from kvoffload.tiers.disk.records import FORMAT_VERSION, HEADER_BYTES, ChecksumKind, RecordError
-from kvoffload.tiers.disk.tier import DURABILITIES, DiskTier, namespace_digest
+from kvoffload.tiers.disk.tier import DURABILITIES, DiskTier, DiskTierInUseError, namespace_digest
 
 __all__ = [
     "DURABILITIES",
@@ -10,6 +10,7 @@ __all__ = [
     "HEADER_BYTES",
     "ChecksumKind",
     "DiskTier",
+    "DiskTierInUseError",
     "FileLayer",
     "RecordError",
     "namespace_digest",

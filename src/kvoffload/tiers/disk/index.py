@@ -6,6 +6,13 @@ and the pin count on the shared :class:`BlockStatus` is what keeps records being
 accounting (committed plus reserved for writes in flight) a byte budget needs, and hands out
 arena slots (lowest free first, so the file stays compact). Not thread-safe: the tier calls it
 under its lock.
+
+Why it tells written slots from unwritten ones: a slot past the file's end takes disk space
+when it is first written, a slot the file already holds does not. A write into a fresh slot
+that failed (the disk was full) leaves a slot that still takes space, so it is kept apart,
+not counted as on disk (:attr:`DiskIndex.backed_slots`), and handed out only when no written
+slot is free: otherwise a full disk would see room that is not there and fail every store
+into that slot, where evicting a record and reusing its slot would have worked.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ class IndexEntry:
     written_ns: int = 0
     doomed: bool = False  # found corrupt while pinned: drop when the last reader is done
     fresh: bool = False  # its slot was never written before (no old header to invalidate)
+    backed: bool = True  # its slot is on disk already (a write into it needs no new space)
 
 
 class DiskIndex:
@@ -38,10 +46,13 @@ class DiskIndex:
         self.policy = policy
         self.max_slots = max_slots
         self._entries: dict[OffloadKey, IndexEntry] = {}
-        self._free: list[int] = []  # heap of free slots below the high-water mark
+        self._free: list[int] = []  # heap of free slots below the high-water mark, on disk
+        self._free_unbacked: list[int] = []  # heap of free slots no write ever reached
         self.high_water = 0  # slots [0, high_water) have been handed out at some point
+        self.unbacked = 0  # of those, slots no write has reached (in flight or failed)
         self.used_bytes = 0  # records whose write completed
         self.reserved_bytes = 0  # records being written
+        self.retired_bytes = 0  # slots out of use for this run (unreadable, erase failed)
         self._next_id = 0
 
     def __len__(self) -> int:
@@ -62,6 +73,16 @@ class DiskIndex:
 
     # -------------------------------------------------------------- slots
 
+    @property
+    def backed_slots(self) -> int:
+        """Slots the arena file holds on disk (a write into one takes no new space)."""
+        return self.high_water - self.unbacked
+
+    def retire_slot(self, nbytes: int) -> None:
+        """A slot that stays out of use for this run (neither free nor a record): it still
+        counts against the budget, so a full tier evicts rather than finding no slot."""
+        self.retired_bytes += nbytes
+
     def release_slot(self, slot: int) -> None:
         """A slot whose record is gone (and, for deletes, whose header is zeroed) is free."""
         heapq.heappush(self._free, slot)
@@ -70,6 +91,8 @@ class DiskIndex:
         """After a scan: ``slots`` exist in the file, ``free`` of them hold no record."""
         self.high_water = slots
         self._free = sorted(free)
+        self._free_unbacked = []
+        self.unbacked = 0
 
     # -------------------------------------------------------------- records
 
@@ -117,7 +140,7 @@ class DiskIndex:
         (a write into a slot invalidates the old header first); pinned and in-flight records
         are never among them.
         """
-        deficit = self.used_bytes + self.reserved_bytes + nbytes - limit
+        deficit = self.used_bytes + self.reserved_bytes + self.retired_bytes + nbytes - limit
         if deficit <= 0:
             return []
         if nbytes > limit or not self._entries:
@@ -143,17 +166,21 @@ class DiskIndex:
         ``None`` when no slot is free (the caller's :meth:`make_room` keeps that from happening
         under a byte budget of whole slots).
         """
-        # the lowest free slot, else a fresh one past every slot the file ever held (inline:
-        # this runs once per key stored)
+        # the lowest free slot on disk, else one a failed write left, else a fresh one past
+        # every slot the file ever held (inline: this runs once per key stored)
         if self._free:
-            slot, fresh = heapq.heappop(self._free), False
+            slot, fresh, backed = heapq.heappop(self._free), False, True
+        elif self._free_unbacked:
+            # not fresh: a failed write may have left a header there (fsync zeroes it first)
+            slot, fresh, backed = heapq.heappop(self._free_unbacked), False, False
         elif self.high_water < self.max_slots:
-            slot, fresh = self.high_water, True
+            slot, fresh, backed = self.high_water, True, False
             self.high_water += 1
+            self.unbacked += 1
         else:
             return None
         self._next_id += 1
-        entry = IndexEntry(slot, nbytes, BlockStatus(self._next_id, -1), 0, False, fresh)
+        entry = IndexEntry(slot, nbytes, BlockStatus(self._next_id, -1), 0, False, fresh, backed)
         self._entries[key] = entry
         self.reserved_bytes += nbytes
         self.policy.insert(key, entry.status)
@@ -166,10 +193,16 @@ class DiskIndex:
         if ok:
             entry.written_ns = written_ns
             self.used_bytes += entry.nbytes
+            if not entry.backed:
+                entry.backed = True
+                self.unbacked -= 1
         else:
             del self._entries[key]
             self.policy.remove(key)
-            self.release_slot(entry.slot)
+            if entry.backed:
+                self.release_slot(entry.slot)
+            else:  # still takes new space when written: reused only when no slot on disk is
+                heapq.heappush(self._free_unbacked, entry.slot)
 
     def publish(self, keys: list[OffloadKey]) -> None:
         """Make written records readable and evictable, in the order given.

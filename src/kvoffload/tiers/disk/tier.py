@@ -14,8 +14,8 @@ bytes>.kv``, is refused: never read nor touched, its size reported as ``legacy_a
 cut into slots of ``4 KiB header page + slot_bytes``, then the last slot's 64-byte commit
 stamp. Every record of a tier is one host slot, so all records are the same size: a freed
 slot is reused in place and nothing ever needs compaction (why this is not an append-only
-log), and no file is created per record (a file per record was built and measured first:
-creating an inode cost 3-5 ms on this project's build machine).
+log), and no file is created per record (a file per record was built first: creating an
+inode costs milliseconds, see ``docs/benchmarks.md``).
 
 A write is ordered so that a commit stamp after the payload commits the record, the guarantee
 a temporary name plus rename gives a file (``records`` has the layout): in file order a record
@@ -24,9 +24,9 @@ a run of adjacent records (1) replaces each slot's header, which kills the old r
 writes its payload, (3) writes its stamp. A process killed at any point leaves a slot that is
 empty, holds the old record whole (killed before 1), or holds the new one whole; a torn payload
 under a committed header cannot arise, and the checksums catch it anyway. Format 1 needed one
-more write per record (old header zeroed with the payload, then each header on its own); on
-this project's build machine (ext4) a 4 KiB write cost 7-17 us, a third to a half of a whole
-64 KiB write, and each is also a GIL hand-off for the I/O thread.
+more write per record (old header zeroed with the payload, then each header on its own); a
+small write costs a large share of a whole block's write (``docs/benchmarks.md``), and each is
+also a GIL hand-off for the I/O thread.
 
 Warm decisions: a clean ``close`` saves the eviction policy's state (order, frequencies,
 ghosts; ``kvoffload.policies.state``, no pickle) beside the arena as ``policy-<slot
@@ -35,14 +35,24 @@ found and consumes it, so a restarted host evicts what the running one would hav
 oldest-written first. A state of another policy or budget, or one that does not decode, is
 ignored and counted (``policy_state_ignored``); after a crash there is none and the scan's
 oldest-first seeding stands.
+
+One writer per arena: a tier takes an exclusive ``flock`` on ``arena-<slot bytes>.v2.lock``
+beside its arena when it opens and drops it at ``close`` (the kernel drops it when the process
+dies, so a crash never leaves the arena locked). Two tiers on one arena would hand out the
+same slots and then erase each other's records as torn or corrupt, losing everything with the
+disk blamed, so a second opener, in this process or another, is refused with
+:class:`DiskTierInUseError` naming the path and the holder's pid.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import hashlib
 import itertools
+import logging
+import math
 import os
 import threading
 import time
@@ -85,12 +95,51 @@ from kvoffload.tiers.disk.records import (
     stamp_commits,
 )
 
+logger = logging.getLogger(__name__)
+
 DURABILITIES = ("none", "rename", "fsync")
 _FREE_SPACE_REFRESH_S = 0.25
+#: Least seconds between two WARNING lines about failed stores (the counts add up between).
+DROP_WARNING_INTERVAL_S = 60.0
+#: Drop reasons that are the caller's or the job's own business, never worth a warning.
+_QUIET_DROPS = frozenset({"in_flight", "duplicate", "cancelled", "closed"})
 _ZERO_FIELDS = memoryview(bytes(HEADER_BYTES - STAMP_BYTES))  # a header page after its stamp
 _MAX_RUN = 256  # records per vectored call (two buffers each, under IOV_MAX = 1024)
 _MIN_PUT_TASK_BYTES = 4 << 20  # a put job is not split into tasks smaller than this
 _MIN_GET_TASK_BYTES = 1 << 20  # nor a get job below this (jobs in flight keep threads busy)
+
+
+class DiskTierInUseError(ValueError):
+    """Another tier (this process or another) holds the arena this one would open."""
+
+
+def _lock_arena(path: str) -> int:
+    """Open ``path`` and take its exclusive lock, writing our pid in it; the lock's fd.
+
+    Raises :class:`DiskTierInUseError` naming the holder when another open file holds it.
+    """
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        try:
+            holder = os.pread(fd, 64, 0).decode("ascii", "replace").strip() or "unknown"
+        except OSError:
+            holder = "unknown"
+        os.close(fd)
+        if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            raise
+        raise DiskTierInUseError(
+            f"disk tier path {os.path.dirname(path)} is in use by pid {holder} (lock {path}): "
+            "one writer per directory; give each process its own path or namespace, or "
+            "close the other tier first"
+        ) from None
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    except OSError:  # the pid only names the holder in a refusal; the lock is what counts
+        pass
+    return fd
 
 
 def namespace_digest(namespace: bytes | str) -> bytes:
@@ -222,6 +271,10 @@ class DiskTier(Tier):
         self.policy_state_path = os.path.join(
             self.directory, f"policy-{memory.slot_bytes}.v{FORMAT_VERSION}.json"
         )
+        # one writer per arena: held from before the scan until close
+        self.lock_path = os.path.join(
+            self.directory, f"arena-{memory.slot_bytes}.v{FORMAT_VERSION}.lock"
+        )
         max_slots = self.capacity_bytes // self.record_bytes
         policy_obj = create_cache_policy(
             policy, max_slots, module_path=policy_module_path, params=dict(policy_params or {})
@@ -258,6 +311,7 @@ class DiskTier(Tier):
                 "scanned_records",
                 "scan_seconds",
                 "erase_errors",
+                "unreadable_slots",
                 "legacy_arena_bytes",
                 "policy_state_restored",
                 "policy_state_ignored",
@@ -269,17 +323,31 @@ class DiskTier(Tier):
         # an old stamp can never commit a new header (random start: ids differ across runs)
         self._write_ids = itertools.count(int.from_bytes(os.urandom(8), "little") >> 2)
         self._drops: dict[str, int] = {}
+        self._unwarned: dict[str, int] = {}  # drops since the last warning, by reason
+        self._warned_at = -math.inf
         self._get_failures: dict[str, int] = {}
         self._health = TierHealth(ok=True)
         self.files.makedirs(self.directory)
-        created = not os.path.exists(self.arena_path)
-        with contextlib.suppress(OSError):
-            self._stats["legacy_arena_bytes"] = float(os.path.getsize(self.legacy_arena_path))
-        self._fd = self.files.open_arena(self.arena_path)
-        if created and durability == "fsync":
-            self.files.fsync_dir(self.directory)
+        self._lock_fd = _lock_arena(self.lock_path)
+        try:
+            created = not os.path.exists(self.arena_path)
+            with contextlib.suppress(OSError):
+                self._stats["legacy_arena_bytes"] = float(os.path.getsize(self.legacy_arena_path))
+            self._fd = self.files.open_arena(self.arena_path)
+            if created and durability == "fsync":
+                self.files.fsync_dir(self.directory)
+        except BaseException:
+            os.close(self._lock_fd)  # closing the fd drops the lock
+            raise
         self._pool = ThreadPoolExecutor(max_workers=io_threads, thread_name_prefix="kvoff-disk")
-        self._recover()
+        try:
+            self._recover()
+        except BaseException:
+            self._pool.shutdown(wait=True)
+            with contextlib.suppress(OSError):
+                self.files.close(self._fd)
+            os.close(self._lock_fd)
+            raise
 
     # ----------------------------------------------------------------- the contract
 
@@ -342,7 +410,8 @@ class DiskTier(Tier):
                     else:
                         self._drop(job, i, "in_flight")
                     continue
-                if index.used_bytes + index.reserved_bytes + record_bytes <= limit:
+                taken = index.used_bytes + index.reserved_bytes + index.retired_bytes
+                if taken + record_bytes <= limit:
                     entry = index.begin_write(key, record_bytes)  # fits: nothing to evict
                 else:
                     victims = index.make_room(record_bytes, limit, batch)
@@ -469,8 +538,11 @@ class DiskTier(Tier):
             self._closed = True
         self.drain(timeout)
         self._pool.shutdown(wait=True)
-        self.files.close(self._fd)
-        self._save_policy_state()
+        try:
+            self.files.close(self._fd)
+            self._save_policy_state()
+        finally:
+            os.close(self._lock_fd)  # the next opener may take the arena now
 
     def _save_policy_state(self) -> None:
         """Write the policy's state beside the arena (temporary name, then rename), so the
@@ -563,6 +635,26 @@ class DiskTier(Tier):
     def _drop(self, job: _Job, i: int, reason: str) -> None:
         job.reasons[i] = reason
         self._drops[reason] = self._drops.get(reason, 0) + 1
+        if reason in _QUIET_DROPS:
+            return
+        self._unwarned[reason] = self._unwarned.get(reason, 0) + 1
+        now = time.monotonic()
+        if now - self._warned_at < DROP_WARNING_INTERVAL_S:
+            return
+        self._warned_at = now
+        counts = ", ".join(f"{why} {n}" for why, n in sorted(self._unwarned.items()))
+        self._unwarned.clear()
+        logger.warning(
+            "disk tier %s: stores failed (%s) since the last warning; %d records, %d bytes "
+            "usable (budget %d, min_free_bytes %d); next warning in %.0f s at the earliest",
+            self.directory,
+            counts,
+            len(self._index),
+            self._limit,
+            self.capacity_bytes,
+            self.min_free_bytes,
+            DROP_WARNING_INTERVAL_S,
+        )
 
     def _get_failed(self, job: _Job, i: int, reason: str) -> None:
         job.reasons[i] = reason
@@ -605,9 +697,10 @@ class DiskTier(Tier):
             except OSError as exc:
                 self._health = TierHealth(ok=False, reason=f"statvfs failed: {exc}")
                 return self._limit
-            allocated = self._index.high_water * self.record_bytes
+            allocated = self._index.backed_slots * self.record_bytes
             # slots the file already holds cost no more space; only growth must stay above
-            # the floor (evicting a record frees a slot, not disk space)
+            # the floor (evicting a record frees a slot, not disk space). Slots handed out but
+            # never written (in flight, or their write failed) are growth, not held.
             headroom = allocated + max(0, free - self.min_free_bytes)
             self._limit = min(self.capacity_bytes, headroom)
         return self._limit
@@ -630,9 +723,9 @@ class DiskTier(Tier):
         system call, which small blocks cannot amortise. Puts use
         :data:`_MIN_PUT_TASK_BYTES` (writes into one file serialise in the kernel anyway);
         gets use the smaller :data:`_MIN_GET_TASK_BYTES` (reads of the page cache do run in
-        parallel, and other jobs in flight keep the threads busy): cutting a job of 16
-        blocks of 64 KiB into four 256 KiB reads held loads at 0.37 of a plain read on 2 cores,
-        one 1 MiB read per job reached 0.63 (``benchmarks/disk_tier_bandwidth.py``).
+        parallel, and other jobs in flight keep the threads busy): cutting a job of small
+        blocks into many small reads held loads well below one larger read per job
+        (``benchmarks/disk_tier_bandwidth.py``; figures in ``docs/benchmarks.md``).
         """
         if not items:
             return []
@@ -664,6 +757,8 @@ class DiskTier(Tier):
                 reason = "io_error"  # a fault must be a failed key, never escape
         seconds = time.perf_counter() - t0
         with self._lock:
+            if reason == "no_space":  # the disk is fuller than the last reading: read it again
+                self._limit_at = -math.inf
             end_write = self._index.end_write
             if reason is None:
                 ok = job.ok
@@ -830,6 +925,7 @@ class DiskTier(Tier):
         with self._lock:
             if failed:
                 self._stats["erase_errors"] += 1
+                self._index.retire_slot(self.record_bytes)
             else:
                 self._index.release_slot(arena_slot)
             job.remaining -= 1
@@ -843,7 +939,9 @@ class DiskTier(Tier):
         A record counts only with its commit stamp (the next header page's first bytes, or the
         file's tail). Torn, uncommitted or foreign headers are zeroed and counted; slots past
         the budget (it shrank) are cut off the file; records over the effective limit are
-        evicted by the policy.
+        evicted by the policy. A slot whose read fails (EIO, perhaps transient) proves nothing:
+        it is skipped for this run, neither zeroed nor handed out, and so is the slot before it
+        (whose stamp it holds); the next start reads both again.
         """
         t0 = time.perf_counter()
         files, fd, record_bytes = self.files, self._fd, self.record_bytes
@@ -858,6 +956,7 @@ class DiskTier(Tier):
             self._stats["torn_records"] += 1  # a trailing partial slot: a write cut short
         found: list[tuple[int, OffloadKey, int]] = []
         free: list[int] = []
+        skipped: list[int] = []  # unreadable this run: out of use, untouched
         page = self._header_buffer()
         pending: tuple[int, RecordHeader] | None = None  # a header waiting for its stamp
         for arena_slot in range(slots + 1):
@@ -870,7 +969,9 @@ class DiskTier(Tier):
             if pending is not None:
                 last, header = pending
                 pending = None
-                if n >= STAMP_BYTES and stamp_commits(page[:STAMP_BYTES], header):
+                if n < 0:  # its stamp could not be read: unknown, not torn
+                    skipped.append(last)
+                elif n >= STAMP_BYTES and stamp_commits(page[:STAMP_BYTES], header):
                     found.append((header.written_ns, OffloadKey(header.key), last))
                 else:  # header written, payload maybe not: never committed
                     self._stats["torn_records"] += 1
@@ -878,10 +979,17 @@ class DiskTier(Tier):
                     free.append(last)
             if arena_slot == slots:
                 break
+            if n < 0:
+                skipped.append(arena_slot)
+                continue
             if n == HEADER_BYTES and is_empty(page):
                 free.append(arena_slot)
                 continue
-            checked = self._check_slot(page, n, offset, size)
+            try:
+                checked = self._check_slot(page, n, offset, size)
+            except OSError:  # the payload could not be read (verify_on_scan)
+                skipped.append(arena_slot)
+                continue
             if checked is None:
                 self._stats["torn_records"] += 1
                 self._zero_quietly(arena_slot)
@@ -908,16 +1016,29 @@ class DiskTier(Tier):
                 seen.add(key)
                 self._index.add_ready(key, arena_slot, self.record_bytes, written_ns)
             self._index.set_high_water(slots, free)
+            for _ in skipped:
+                self._index.retire_slot(self.record_bytes)
+            self._stats["unreadable_slots"] = float(len(skipped))
             self._stats["scanned_records"] = float(len(found))
             self._load_policy_state()
             over = self._index.make_room(0, self._effective_limit(), ())
             self._stats["evictions"] += len(over or ())
             self._stats["scan_seconds"] = time.perf_counter() - t0
+        if skipped:
+            logger.warning(
+                "disk tier %s: %d arena slots could not be read at start-up (first: %s); "
+                "skipped for this run, neither erased nor reused",
+                self.directory,
+                len(skipped),
+                sorted(skipped)[:8],
+            )
 
     def _check_slot(
         self, header_buf: memoryview, n: int, offset: int, size: int
     ) -> RecordHeader | None:
-        """The record's header if it (and its payload, if asked) is right; stamp not checked."""
+        """The record's header if it (and its payload, if asked) is right; stamp not checked.
+
+        Raises ``OSError`` when the payload cannot be read (the caller skips the slot)."""
         if n != HEADER_BYTES or offset + self.record_bytes > size:
             return None
         try:
@@ -929,10 +1050,8 @@ class DiskTier(Tier):
         if self.verify_on_scan:
             fn = checksum_function(header.checksum_kind)
             payload = bytearray(header.payload_len)
-            try:
-                got = read_full(self.files, self._fd, [memoryview(payload)], offset + HEADER_BYTES)
-            except OSError:
-                return None
+            # an OSError goes to the caller: an unreadable payload is not a bad one
+            got = read_full(self.files, self._fd, [memoryview(payload)], offset + HEADER_BYTES)
             if (
                 fn is None
                 or got != header.payload_len
@@ -948,4 +1067,4 @@ class DiskTier(Tier):
             write_all(self.files, self._fd, (_ZERO_FIELDS,), offset)
 
 
-__all__ = ["DURABILITIES", "DiskTier", "namespace_digest"]
+__all__ = ["DURABILITIES", "DiskTier", "DiskTierInUseError", "namespace_digest"]

@@ -23,7 +23,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 MAGIC = b"KVOR"
@@ -48,11 +48,19 @@ def xxhash_available() -> bool:
 
 
 class RecordError(ValueError):
-    """A record that must not be served; ``reason`` is the counter it goes to."""
+    """A record that must not be served; ``reason`` is the counter it goes to.
 
-    def __init__(self, reason: str, detail: str) -> None:
+    ``garbage`` says no reader could ever accept it under the name it was read from: it is
+    damaged (bad magic, torn, an unkeyed digest that does not match) or names another
+    namespace or key (a name is made of the namespace and the key, one-to-one). Only garbage
+    may be deleted; a record signed with another secret, of another format version or digest,
+    or of another payload size is some other reader's, left alone.
+    """
+
+    def __init__(self, reason: str, detail: str, *, garbage: bool = False) -> None:
         super().__init__(f"{reason}: {detail}")
         self.reason = reason
+        self.garbage = garbage
 
 
 @dataclass(frozen=True)
@@ -67,7 +75,7 @@ class RecordCodec:
     """
 
     namespace: bytes
-    secret: bytes | None = None
+    secret: bytes | None = field(default=None, repr=False)  # never in a log line
     algorithm: str = "blake2b"
 
     def __post_init__(self) -> None:
@@ -152,6 +160,30 @@ class RecordCodec:
         view[len(head) :] = payload
         return view
 
+    def check_header(self, key: bytes, record: bytes | memoryview) -> tuple[int, int, int, int]:
+        """Check what precedes the digest (``record`` may be only its first bytes): magic,
+        version, namespace, key. Returns ``(flags, algorithm, payload length, digest offset)``;
+        raises :class:`RecordError` (``corrupt`` or ``foreign``) otherwise."""
+        view = memoryview(record)
+        if len(view) < _FIXED.size:
+            raise RecordError(
+                "corrupt", f"record of {len(view)} bytes is shorter than a header", garbage=True
+            )
+        magic, version, flags, alg, _reserved, ns_len, key_len, payload_len = _FIXED.unpack_from(
+            view
+        )
+        if magic != MAGIC:
+            raise RecordError("corrupt", "bad magic", garbage=True)
+        if version != FORMAT_VERSION:
+            raise RecordError("foreign", f"format version {version}, expected {FORMAT_VERSION}")
+        start = _FIXED.size
+        digest_at = start + ns_len + key_len
+        if ns_len != len(self.namespace) or view[start : start + ns_len] != self.namespace:
+            raise RecordError("foreign", "record of another namespace", garbage=True)
+        if key_len != len(key) or view[start + ns_len : digest_at] != key:
+            raise RecordError("foreign", "record of another key", garbage=True)
+        return flags, alg, payload_len, digest_at
+
     def payload_of(self, key: bytes, record: bytes | memoryview) -> memoryview:
         """The verified payload of ``record`` stored under ``key`` (a view, no copy).
 
@@ -160,26 +192,14 @@ class RecordCodec:
         ``"bad_signature"`` (unsigned or signed with another secret, where a secret is set).
         """
         view = memoryview(record)
-        if len(view) < _FIXED.size:
-            raise RecordError("corrupt", f"record of {len(view)} bytes is shorter than a header")
-        magic, version, flags, alg, _reserved, ns_len, key_len, payload_len = _FIXED.unpack_from(
-            view
-        )
-        if magic != MAGIC:
-            raise RecordError("corrupt", "bad magic")
-        if version != FORMAT_VERSION:
-            raise RecordError("foreign", f"format version {version}, expected {FORMAT_VERSION}")
-        start = _FIXED.size
-        digest_at = start + ns_len + key_len
+        flags, alg, payload_len, digest_at = self.check_header(key, view)
         payload_at = digest_at + DIGEST_BYTES
         if payload_at + payload_len != len(view):
             raise RecordError(
-                "corrupt", f"lengths say {payload_at + payload_len} bytes, record has {len(view)}"
+                "corrupt",
+                f"lengths say {payload_at + payload_len} bytes, record has {len(view)}",
+                garbage=True,
             )
-        if view[start : start + ns_len] != self.namespace:
-            raise RecordError("foreign", "record of another namespace")
-        if view[start + ns_len : digest_at] != key:
-            raise RecordError("foreign", "record of another key")
         signed = bool(flags & FLAG_SIGNED)
         if self.secret is not None and (not signed or alg != ALG_BLAKE2B):
             raise RecordError("bad_signature", "record is not signed with keyed BLAKE2b")
@@ -193,5 +213,7 @@ class RecordCodec:
         hasher.update(payload)
         expected = hasher.digest().ljust(DIGEST_BYTES, b"\0")
         if not hmac.compare_digest(expected, view[digest_at:payload_at]):
-            raise RecordError("bad_signature" if signed else "corrupt", "digest mismatch")
+            if signed:  # another secret's signature, or damage: nobody can tell which
+                raise RecordError("bad_signature", "digest mismatch")
+            raise RecordError("corrupt", "digest mismatch", garbage=True)
         return payload

@@ -5,12 +5,18 @@ namespace. Design (``reference/tiering.md`` §2.4, §7.4):
 
 * One key per block, ``{prefix}:{namespace}:{block key hex}``, whose value is a
   self-describing record (:mod:`kvoffload.tiers.redis.records`): written and read atomically.
-* Puts are pipelined ``SET name record NX PX ttl``: no overwrite and no extra round trip; a key
-  already present is a success (records are immutable: a key names its content).
-* Gets are pipelined ``GETEX name PX ttl``: a hit refreshes the TTL, so the server's own
-  LRU/LFU eviction (``maxmemory-policy``) follows real use; the payload is verified, then
-  copied straight into the host slot. A record that fails its check is dropped, counted and
-  deleted; a missing key (evicted or expired between lookup and get) is a miss, never a loop.
+* Puts are pipelined ``SET name record NX PX ttl``: no overwrite and no extra round trip. A
+  name already taken is read back (bounded, as a get): a success when it holds a record this
+  tier would serve (the same block from another writer: a key names its content), otherwise
+  a failed put (``name_taken``: a value of another type, another secret's record, junk).
+* Gets are pipelined ``PEXPIRE name ttl`` + ``GETRANGE name 0 <record bytes>``: a hit refreshes
+  the TTL, so the server's own LRU/LFU eviction (``maxmemory-policy``) follows real use, and no
+  value is received past one byte over the record's size (a larger one is refused,
+  ``oversized``, unread). The payload is verified, then copied straight into the host slot. A
+  record that fails its check is dropped and counted, and deleted only when no reader could
+  accept it (damaged, or naming another namespace or key); a record signed with another
+  secret, or of another version or size, is someone else's and stays. A missing key (evicted
+  or expired between lookup and get) is a miss, never a loop.
 * Records travel on the pool's sockets without redis-py's command packer
   (:mod:`kvoffload.tiers.redis.wire`): a put sends the record's header, then the payload
   straight from its slot (no copy), and hashes the next record while the kernel moves this one;
@@ -27,7 +33,7 @@ namespace. Design (``reference/tiering.md`` §2.4, §7.4):
 
 The byte budget of a shared store is the server's (``maxmemory`` with an ``allkeys-lru`` /
 ``allkeys-lfu`` or ``volatile-*`` policy): no client can see everyone's records, so the tier
-does not pretend to keep a budget of its own. Requires Redis 6.2+ (``GETEX``) or Valkey 7.2+.
+does not pretend to keep a budget of its own. Requires Redis 6.2+ or Valkey 7.2+.
 """
 
 from __future__ import annotations
@@ -38,13 +44,14 @@ import contextlib
 import functools
 import inspect
 import logging
+import re
 import socket
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from kvoffload._checks import check_int
+from kvoffload._checks import check_int, redact_url
 from kvoffload.keys import OffloadKey
 from kvoffload.tiers.base import (
     JobKind,
@@ -78,7 +85,29 @@ except ImportError:  # pragma: no cover - redis-py < 5: records go through pipel
     _AbstractConnection = None  # type: ignore[assignment,misc]
 
 _DEFAULT_MAX_VALUE = 512 * 2**20  # redis.conf proto-max-bulk-len default
+_NOT_AS_IS = frozenset(b":{}")  # bytes a namespace written as is never holds
+_GLOB_SPECIAL = re.compile(rb"[][*?\\{}]")
 _KEY_CHARS_OK = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.")
+
+
+def namespace_text(namespace: bytes) -> str:
+    """How ``namespace`` appears in record names: as is when it is ASCII without a colon or
+    a brace, otherwise ``hex:`` and its hex digits.
+
+    Why the marker: the colon it holds never occurs in an as-is form, so no two namespaces
+    share names (``b"\\xa0\\xa1"`` and the text ``"a0a1"`` once did, and each side deleted
+    the other's records). Braces are left to the hash tag (``{ns}``), so ``"{x}"`` untagged
+    and ``"x"`` tagged differ too. Other as-is names are unchanged: their records stay readable.
+    """
+    if namespace.isascii() and not _NOT_AS_IS.intersection(namespace):
+        return namespace.decode()
+    return "hex:" + namespace.hex()
+
+
+def glob_escape(text: bytes) -> bytes:
+    """``text`` matching only itself in a ``SCAN MATCH`` pattern (Redis glob: ``* ? [ ] \\``
+    are special; braces escaped too, which a hash tag puts in a name)."""
+    return _GLOB_SPECIAL.sub(rb"\\\g<0>", text)
 
 
 class RedisTier(Tier):
@@ -186,9 +215,7 @@ class RedisTier(Tier):
         ):
             check_int(pname, pvalue, 1)
         self.codec = RecordCodec(namespace=namespace, secret=secret, algorithm=checksum)
-        ns_text = (
-            namespace.hex() if not namespace.isascii() or b":" in namespace else namespace.decode()
-        )
+        ns_text = namespace_text(namespace)
         ns_part = f"{{{ns_text}}}" if hash_tag == "namespace" else ns_text
         self._key_prefix = f"{prefix}:{ns_part}:".encode()
         self.ttl_ms = ttl_ms
@@ -299,6 +326,10 @@ class RedisTier(Tier):
         """Fail at start with a clear error: wrong password, unreachable, too old."""
         try:
             self._client.ping()
+            probe = self._key_prefix + b"permission-probe"  # never a record's name
+            self._client.getrange(probe, 0, 0)  # the ACL user may run what a get sends
+            if self.ttl_ms:
+                self._client.pexpire(probe, self.ttl_ms)
             if hasattr(self._client, "info") and not self._is_cluster:
                 version = str(self._client.info("server").get("redis_version", "0"))
                 major_minor = tuple(int(p) for p in version.split(".")[:2] if p.isdigit())
@@ -313,10 +344,12 @@ class RedisTier(Tier):
             ) from exc
         except RedisError as exc:
             text = str(exc)
-            if "NOAUTH" in text or "WRONGPASS" in text or "NOPERM" in text:
+            refused = type(exc).__name__ == "NoPermissionError"  # redis-py strips "NOPERM"
+            if refused or "NOAUTH" in text or "WRONGPASS" in text or "NOPERM" in text:
                 raise PermissionError(
                     f"redis tier: the server at {self._redacted()} refused us: {text} "
-                    "(give an ACL username and password)"
+                    "(give an ACL username and password allowed +set +getrange +pexpire "
+                    "+exists +del +scan +strlen +ping +info)"
                 ) from exc
             raise ConnectionError(f"redis tier: cannot reach {self._redacted()}: {text}") from exc
 
@@ -357,11 +390,13 @@ class RedisTier(Tier):
         return (pool, args) if usable else (None, ())
 
     def _redacted(self) -> str:
-        text = self._describe
-        if "@" in text and "://" in text:
-            scheme, rest = text.split("://", 1)
-            text = f"{scheme}://***@{rest.split('@', 1)[1]}"
-        return text
+        return redact_url(self._describe)
+
+    def __repr__(self) -> str:
+        return (
+            f"RedisTier({self._redacted()!r}, prefix={self._key_prefix.decode(errors='replace')!r}"
+            f", signed={self.codec.secret is not None})"
+        )
 
     def _name(self, key: bytes) -> bytes:
         return self._key_prefix + key.hex().encode()
@@ -446,27 +481,35 @@ class RedisTier(Tier):
                     continue  # no verdict: the key reads MISS until asked again
                 self._remember(key, Presence.HIT if answer else Presence.MISS, now)
 
-    def _pipelined(self, names: Sequence[bytes], add: Callable[[Any, bytes], object]) -> list[Any]:
+    def _pipelined(
+        self, names: Sequence[bytes], add: Callable[[Any, bytes], object], per_name: int = 1
+    ) -> list[Any]:
         """One answer per name (an exception object for a failed command), never raising.
 
-        On a cluster the commands are grouped by node and each node gets its own pipeline, so
-        a node that is down fails only its own keys (redis-py fails a whole cluster pipeline).
+        ``add`` queues ``per_name`` commands for a name; its answer is the last one's, or the
+        first failure among them. On a cluster the commands are grouped by node and each node
+        gets its own pipeline, so a node that is down fails only its own keys (redis-py fails a
+        whole cluster pipeline).
         """
         if not self._is_cluster:
-            return self._pipeline_group(None, names, add)
+            return self._pipeline_group(None, names, add, per_name)
         groups: dict[str, list[int]] = {}
         for i, name in enumerate(names):
             node = self._client.get_node_from_key(name)
             groups.setdefault(node.name, []).append(i)
         answers: list[Any] = [None] * len(names)
         for node_name, indices in groups.items():
-            part = self._pipeline_group(node_name, [names[i] for i in indices], add)
+            part = self._pipeline_group(node_name, [names[i] for i in indices], add, per_name)
             for i, answer in zip(indices, part, strict=True):
                 answers[i] = answer
         return answers
 
     def _pipeline_group(
-        self, node: str | None, names: Sequence[bytes], add: Callable[[Any, bytes], object]
+        self,
+        node: str | None,
+        names: Sequence[bytes],
+        add: Callable[[Any, bytes], object],
+        per_name: int = 1,
     ) -> list[Any]:
         if not self._available(node):
             return [_Unavailable(f"{node or self._redacted()} is backing off")] * len(names)
@@ -484,7 +527,12 @@ class RedisTier(Tier):
             self._note_failure(next(a for a in answers if isinstance(a, BaseException)), node)
         else:
             self._note_success(node)
-        return answers
+        if per_name == 1:
+            return answers
+        groups = [answers[i : i + per_name] for i in range(0, len(answers), per_name)]
+        return [
+            next((a for a in group if isinstance(a, BaseException)), group[-1]) for group in groups
+        ]
 
     def _direct_exchange(self, count: int, talk: Callable[[Any], list[Any]]) -> list[Any]:
         """``talk(connection)`` on one connection of the pool: ``count`` answers, never raising.
@@ -527,9 +575,12 @@ class RedisTier(Tier):
             self._note_success()
         return answers
 
-    def _remember(self, key: bytes, presence: Presence, now: float) -> None:
-        """Cache a verdict (lock held)."""
-        ttl = self.verdict_ttl_s if presence is Presence.HIT else self.negative_ttl_s
+    def _remember(
+        self, key: bytes, presence: Presence, now: float, ttl: float | None = None
+    ) -> None:
+        """Cache a verdict (lock held), for ``ttl`` seconds (default: by its kind)."""
+        if ttl is None:
+            ttl = self.verdict_ttl_s if presence is Presence.HIT else self.negative_ttl_s
         self._verdicts[key] = (presence, now + ttl)
         self._verdicts.move_to_end(key)
         while len(self._verdicts) > self.verdict_cache_entries:
@@ -691,20 +742,70 @@ class RedisTier(Tier):
                 answers = self._pipelined(
                     names, functools.partial(_set_absent, records=records, px=px)
                 )
+            taken = [
+                i
+                for i, answer in zip(piece, answers, strict=True)
+                if not answer and not isinstance(answer, BaseException)
+            ]
+            unreadable = self._check_taken([keys[i] for i in taken])
             now = time.monotonic()
             with self._lock:
                 for i, answer in zip(piece, answers, strict=True):
                     if isinstance(answer, BaseException):
                         reasons[i] = _reason_of(answer)
                         continue
-                    ok[i] = True
                     if answer:
+                        ok[i] = True
                         written += self.memory.slot_bytes
                         self._stats["records_written"] += 1
+                        self._remember(keys[i], Presence.HIT, now)
+                    elif keys[i] in unreadable:  # NX found a name we cannot read back
+                        reasons[i] = unreadable[keys[i]]
+                        ttl = self.verdict_ttl_s if reasons[i] == "name_taken" else None
+                        self._remember(keys[i], Presence.MISS, now, ttl)  # EXISTS says HIT
                     else:  # NX: another writer (or an earlier put) stored it already
+                        ok[i] = True
                         self._stats["records_existing"] += 1
-                    self._remember(keys[i], Presence.HIT, now)
+                        self._remember(keys[i], Presence.HIT, now)
         return self._result(job_id, JobKind.PUT, keys, ok, generation, written, started, reasons)
+
+    def _check_taken(self, keys: list[OffloadKey]) -> dict[OffloadKey, str]:
+        """Of ``keys`` whose ``SET NX`` found the name taken, those we could not read back,
+        each with its reason: ``name_taken`` (another value type, another secret's or
+        namespace's record, junk, another slot size, gone since) or why the check failed.
+
+        Why read it: ``NX`` says only that the name exists. A put is a success when what sits
+        there is a record this tier would serve (the same block, from another writer); the
+        check costs one bounded read, and only for puts that found their name taken.
+        """
+        if not keys:
+            return {}
+        limits = {self._name(key): self._record_bytes(key) for key in keys}
+        answers = self._pipelined(
+            list(limits), lambda pipe, name: pipe.getrange(name, 0, limits[name])
+        )
+        out: dict[OffloadKey, str] = {}
+        for key, answer in zip(keys, answers, strict=True):
+            if isinstance(answer, BaseException):
+                if "WRONGTYPE" not in str(answer):
+                    out[key] = _reason_of(answer)
+                    continue
+                error: Exception = RecordError("name_taken", "a value of another type")
+            else:
+                try:
+                    if not answer:
+                        raise RecordError("name_taken", "gone since the put found it")
+                    if len(answer) > self._record_bytes(key):
+                        raise RecordError("name_taken", "a value longer than our record")
+                    payload = self.codec.payload_of(key, memoryview(answer))
+                    if len(payload) != self.memory.slot_bytes:
+                        raise RecordError("name_taken", f"a {len(payload)}-byte payload")
+                    continue
+                except RecordError as exc:
+                    error = exc
+            out[key] = "name_taken"
+            logger.warning("redis tier: put of %s found its name taken (%s)", key.hex(), error)
+        return out
 
     def _send_records(
         self,
@@ -744,27 +845,58 @@ class RedisTier(Tier):
         slots: list[int],
         px: int,
     ) -> list[Any]:
-        """``GETEX name PX px`` (``GET`` without a TTL) for each name on ``conn``: one outcome
-        per record (see :meth:`_load`), each verified and copied as soon as it has arrived."""
-        conn.send_packed_command([b"".join(wire.get_command(name, px) for name in names)])
+        """``PEXPIRE name PX px`` (none without a TTL) and ``GETRANGE name 0 <record bytes>``
+        for each name on ``conn``: one outcome per record (see :meth:`_outcome`), each verified
+        and copied as soon as it has arrived. No reply is received beyond one byte over the
+        record's size: a longer bulk length is a protocol error, before its bytes are read."""
+        limits = [self._record_bytes(key) for key in keys]
+        conn.send_packed_command(
+            [
+                b"".join(
+                    wire.get_command(name, px, limit)
+                    for name, limit in zip(names, limits, strict=True)
+                )
+            ]
+        )
         replies = wire.Replies(conn._sock)
         buffer = self._get_buffer()
+        allowed = 0
 
         def buffer_for(size: int) -> memoryview:
+            if size > allowed:
+                raise RedisConnectionError(
+                    f"Protocol error: {size} bytes for a GETRANGE of at most {allowed}"
+                )
             return buffer[:size] if size <= len(buffer) else memoryview(bytearray(size))
 
         outcomes: list[Any] = []
-        for key, slot in zip(keys, slots, strict=True):
+        for key, slot, limit in zip(keys, slots, limits, strict=True):
+            refreshed = replies.reply() if px else None
+            allowed = limit + 1
             answer = replies.reply(buffer_for)
-            if isinstance(answer, memoryview):
-                outcomes.append(self._load(key, slot, answer))
-            elif answer is None or isinstance(answer, Exception):
-                outcomes.append(answer)
-            else:
-                raise RedisConnectionError(f"Protocol error: {type(answer).__name__} for a GET")
+            if isinstance(refreshed, Exception):  # the command failed (its range is moot)
+                answer = refreshed
+            elif not (answer is None or isinstance(answer, (memoryview, Exception))):
+                raise RedisConnectionError(f"Protocol error: {type(answer).__name__} for GETRANGE")
+            outcomes.append(self._outcome(key, slot, answer))
         if replies.buffered:
             raise RedisConnectionError("Protocol error: data after the last reply")
         return outcomes
+
+    def _record_bytes(self, key: bytes) -> int:
+        """The size of ``key``'s record: no value under its name is received past one byte
+        more (see :func:`wire.get_command`)."""
+        return self.codec.header_bytes(key) + self.memory.slot_bytes
+
+    def _outcome(self, key: OffloadKey, slot: int, answer: Any) -> Any:
+        """What a ``GETRANGE`` answer means: ``True`` (verified, copied into ``slot``), ``None``
+        (missing: the empty string of an absent name), a :class:`RecordError`, or the
+        exception object of a failed command."""
+        if isinstance(answer, (bytes, bytearray, memoryview)):
+            return self._load(key, slot, answer) if len(answer) else None
+        if answer is None or isinstance(answer, BaseException):
+            return answer
+        return RecordError("corrupt", f"a {type(answer).__name__} reply to GETRANGE")
 
     def _get_buffer(self) -> memoryview:
         """This thread's reusable receive buffer, one record of the largest key."""
@@ -778,6 +910,11 @@ class RedisTier(Tier):
         """Verify ``record`` and copy its payload into ``slot``: ``True``, or the
         :class:`RecordError` that says why it must not be served (the slot is untouched)."""
         try:
+            if len(record) > self._record_bytes(key):  # a range cut at one byte over
+                self.codec.check_header(key, memoryview(record))
+                raise RecordError(  # ours but for another slot size: some other reader's
+                    "oversized", f"a value longer than the {self._record_bytes(key)}-byte record"
+                )
             payload = self.codec.payload_of(key, memoryview(record))
             view = self.memory.slot_view(slot)
             if len(payload) != len(view):
@@ -808,9 +945,12 @@ class RedisTier(Tier):
         read = 0
         bad: list[bytes] = []
         px = self.ttl_ms
+        limits = {self._name(key): self._record_bytes(key) for key in keys}
 
         def fetch(pipe: Any, name: bytes) -> object:
-            return pipe.getex(name, px=px) if px else pipe.get(name)
+            if px:
+                pipe.pexpire(name, px)
+            return pipe.getrange(name, 0, limits[name])
 
         for piece in self._pieces(len(keys), self.memory.slot_bytes):
             names = [self._name(keys[i]) for i in piece]
@@ -826,13 +966,10 @@ class RedisTier(Tier):
                     ),
                 )
             else:
+                answers = self._pipelined(names, fetch, 2 if px else 1)
                 outcomes = [
-                    self._load(keys[i], slots[i], answer)
-                    if isinstance(answer, (bytes, bytearray, memoryview))
-                    else answer
-                    if answer is None or isinstance(answer, BaseException)
-                    else RecordError("corrupt", f"a {type(answer).__name__} reply to GET")
-                    for i, answer in zip(piece, self._pipelined(names, fetch), strict=True)
+                    self._outcome(keys[i], slots[i], answer)
+                    for i, answer in zip(piece, answers, strict=True)
                 ]
             now = time.monotonic()
             dropped: list[tuple[OffloadKey, RecordError]] = []
@@ -845,10 +982,15 @@ class RedisTier(Tier):
                         self._remember(keys[i], Presence.HIT, now)
                     elif isinstance(outcome, RecordError):
                         reasons[i] = outcome.reason
-                        bad.append(keys[i])
                         dropped.append((keys[i], outcome))
                         self._stats[f"rejected_{outcome.reason}"] += 1
-                        self._remember(keys[i], Presence.MISS, now)
+                        if outcome.garbage:
+                            bad.append(keys[i])
+                            self._remember(keys[i], Presence.MISS, now)
+                        else:  # another secret's or slot size's: left alone, and trusted to
+                            # stay unreadable for as long as a hit is (EXISTS would say HIT
+                            # and the next get would move the same record again)
+                            self._remember(keys[i], Presence.MISS, now, self.verdict_ttl_s)
                     elif outcome is None:  # expired or evicted since the lookup: a miss, no retry
                         reasons[i] = "missing"
                         self._stats["misses"] += 1
@@ -947,7 +1089,7 @@ class RedisTier(Tier):
 
     def scan(self) -> Iterator[ScannedBlock]:
         """Records of this prefix and namespace on the server (``SCAN``; sizes by ``STRLEN``)."""
-        pattern = self._key_prefix.replace(b"{", b"\\{").replace(b"}", b"\\}") + b"*"
+        pattern = glob_escape(self._key_prefix) + b"*"
         names = list(self._client.scan_iter(match=pattern, count=1000))
         for start in range(0, len(names), 1000):
             chunk = names[start : start + 1000]

@@ -48,7 +48,7 @@ def test_demo_tier_arguments_are_checked(capsys: pytest.CaptureFixture[str]) -> 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="loopback Redis servers are POSIX-only here")
 def test_two_instances_on_one_redis_share_blocks(capsys: pytest.CaptureFixture[str]) -> None:
-    sys.path.insert(0, str(Path(__file__).parent / "tiers"))
+    sys.path.insert(0, str(Path(__file__).parents[1] / "tiers"))
     from redis_servers import ci_url
 
     url = ci_url("KVOFFLOAD_REDIS_URL")

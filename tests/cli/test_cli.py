@@ -107,7 +107,7 @@ def test_simulate_table_shows_policies_and_bounds(capsys: pytest.CaptureFixture[
         assert text in out
 
 
-def test_simulate_with_no_arguments_runs_every_builtin_policy_but_auto() -> None:
+def test_simulate_with_no_arguments_runs_every_builtin_policy_auto_included() -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "kvoffload.cli", "simulate", "--format", "json"],
         capture_output=True,
@@ -117,10 +117,49 @@ def test_simulate_with_no_arguments_runs_every_builtin_policy_but_auto() -> None
     )
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
-    names = [name for name, *_ in BUILTIN_POLICIES if name != "auto"]
-    assert [r["policy"] for r in out["results"]] == names * 3  # auto runs when named
+    names = [name for name, *_ in BUILTIN_POLICIES]
+    assert "auto" in names
+    assert [r["policy"] for r in out["results"]] == names * 3  # auto too: the adaptive answer
     assert {r["capacity"] for r in out["results"]} == {"1%", "5%", "25%"}
     assert len(out["bounds"]) == 3
+
+
+def test_simulate_ends_with_one_answer_per_capacity_and_names_what_auto_ran() -> None:
+    """Piped (not a terminal), every answer and legend line stays whole, however long."""
+    argv = [*SMALL, "--policy", "lru,arc,mq,auto", "--capacity", "2%,9000", "--no-progress"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "kvoffload.cli", "simulate", *argv],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    answers = [line for line in lines if line.startswith("At ")]
+    assert len(answers) == 2, proc.stdout
+    for line in answers:
+        assert re.fullmatch(
+            r"At .+: use \S+( -> \S+)?, prefix hit 0\.\d{4}.*"
+            r"(over lru \(0\.\d{4}.*\)\.|no policy beats lru here\.)",
+            line,
+        ), line
+    reminder = lines[lines.index(answers[-1]) + 1]
+    assert reminder.startswith("These answers hold for this generated workload")
+    assert reminder.endswith("picks among its candidates online.")  # one line, not cut
+    auto_rows = [ln for ln in lines if ln.startswith(" auto -> ") and " 0." in ln]
+    assert len(auto_rows) == 2  # one per capacity, each naming its candidate
+    assert all(re.match(r"\s*auto -> (mq|kvaware|arc)\b", row) for row in auto_rows)
+    legend = [line for line in lines if line.startswith("block hit: share")]
+    assert len(legend) == 1 and legend[0].endswith("weighed by its tokens.")
+
+
+def test_answer_lines_say_when_lru_was_not_run(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["simulate", *SMALL, "--policy", "arc,fifo", "--capacity", "2%"]) == 0
+    out = capsys.readouterr().out
+    assert "lru was not in this run." in " ".join(out.split())
+    assert cli.main(["simulate", *SMALL, "--policy", "arc", "--capacity", "2%"]) == 0
+    assert "At 2%" not in capsys.readouterr().out  # one policy: nothing to choose
 
 
 def test_bounds(capsys: pytest.CaptureFixture[str]) -> None:
@@ -187,7 +226,7 @@ def test_sweep_writes_json_csv_and_plots(
     assert len(written["results"]) == 2 and len(written["bounds"]) == 2
     assert (tmp_path / "r.csv").read_text().startswith("policy,")
     if "--plot" in argv:
-        assert (tmp_path / "plots" / "miss_ratio_curve.png").exists()
+        assert (tmp_path / "plots" / "hit_ratio_curve.png").exists()
     assert "lru" in capsys.readouterr().out
 
 

@@ -24,6 +24,13 @@ def test_demo_verifies_every_loaded_block(capsys: pytest.CaptureFixture[str]) ->
     assert 0 < out["hit_ratio"] < 1 and out["evictions"] > 0  # a 4 MiB tier must evict
 
 
+def test_demo_heads_first_kind(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([*ARGS, "--kind", "heads_first", "--dtype", "float32"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["loaded_blocks_verified"] == out["hit_blocks"] > 0
+    assert out["loaded_blocks_wrong"] == 0 and out["failed_transfers"] == 0
+
+
 def test_demo_table_output(capsys: pytest.CaptureFixture[str]) -> None:
     args = [a for a in ARGS if a not in ("--format", "json")]
     assert main([*args, "--kind", "mla", "--dtype", "bfloat16"]) == 0

@@ -6,7 +6,7 @@ workloads, and hashes (sha256) every replay's hit, store and eviction counts. On
 simulator API is used (``load_trace``, ``generate_workload``, ``run_sweep``), so the script
 survives refactors of what it checks.
 
-    python benchmarks/decision_digest.py [TRACE] [--table] [--exclude 2q]
+    python tools/decision_digest.py [TRACE] [--table] [--exclude 2q]
 
 ``TRACE`` defaults to ``$KVOFFLOAD_TRACE``, then ``../shared/traces/mooncake_synthetic_trace.jsonl``
 in a folder above the checkout; when it is absent the shared-trace rows are skipped (and the digest

@@ -8,8 +8,8 @@ store), and prints the difference per replay, with each tree's ratio to the firs
 are not time (cache misses and branch costs differ), but a change that adds or removes work
 shows in them at the 0.1% level.
 
-    python benchmarks/ab_instructions.py --src /tmp/base/src --src src --policy lru
-    python benchmarks/ab_instructions.py --src src --policy wtinylfu --capacity 5%
+    python tools/ab_instructions.py --src /tmp/base/src --src src --policy lru
+    python tools/ab_instructions.py --src src --policy wtinylfu --capacity 5%
 
 Needs ``valgrind`` (``apt-get install valgrind``). Each run takes a few minutes (valgrind runs
 Python about 50 times slower); the runs go two at a time.

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The CUDA data plane, checked and measured on a GPU machine in one call (issue 18).
 #
-#   bash benchmarks/gpu_check.sh            # on a machine with CUDA: under 6 minutes
-#   bash benchmarks/gpu_check.sh --dry-run  # here, without CUDA: the same steps on the CPU
+#   bash tools/gpu_check.sh            # on a machine with CUDA: under 6 minutes
+#   bash tools/gpu_check.sh --dry-run  # here, without CUDA: the same steps on the CPU
 #
 # Needs only what travels with the working tree and a python3 with PyTorch (CUDA build),
 # pytest and hypothesis (the device image has them); nothing is installed or downloaded.
@@ -25,7 +25,7 @@ DRY=0
 case "${1:-}" in
   --dry-run) DRY=1 ;;
   "") ;;
-  *) echo "usage: bash benchmarks/gpu_check.sh [--dry-run]" >&2; exit 2 ;;
+  *) echo "usage: bash tools/gpu_check.sh [--dry-run]" >&2; exit 2 ;;
 esac
 OUT="${OUT:-$PWD/out/gpu_check}"
 export OUT

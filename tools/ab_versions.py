@@ -12,7 +12,7 @@ code in two loaded copies, so that ratio is the comparison's noise floor on this
 new / base ratio inside it says nothing).
 
     git archive HEAD~3 src | tar -x -C /tmp/base
-    python benchmarks/ab_versions.py --base-src /tmp/base/src --policies lru,arc --runs 7
+    python tools/ab_versions.py --base-src /tmp/base/src --policies lru,arc --runs 7
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 
 import compare_vllm
 from compare_vllm import Library
