@@ -300,3 +300,203 @@ class TierBenefit:
             "net_seconds_saved": self.net_seconds,
             "blocks_recomputed_by_choice": self.blocks_recomputed_by_choice,
         }
+
+
+#: Latency histogram bounds in seconds: 0.1 ms to 10 s, about x2.5 apart (what a local copy,
+#: a disk read, a network round trip and a stalled tier each land in).
+LATENCY_BUCKETS_S = (
+    1e-4,
+    2.5e-4,
+    5e-4,
+    1e-3,
+    2.5e-3,
+    5e-3,
+    1e-2,
+    2.5e-2,
+    5e-2,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+)
+#: The operations each tier times: ``contains`` calls, read jobs (the tier's own time), reads
+#: from submit to reap (what a request waits for) and write jobs.
+LATENCY_KINDS = ("lookup", "load", "promotion", "store")
+#: The index :func:`plan_load` and :class:`LoadDecider` use for the CPU tier's blocks.
+CPU_TIER = -1
+
+
+class LatencyHistogram:
+    """Counts of observed seconds per bucket of :data:`LATENCY_BUCKETS_S` (Prometheus shape)."""
+
+    __slots__ = ("count", "counts", "sum")
+
+    def __init__(self) -> None:
+        self.counts = [0] * (len(LATENCY_BUCKETS_S) + 1)  # the last one is +Inf
+        self.sum = 0.0
+        self.count = 0
+
+    def observe(self, seconds: float) -> None:
+        if not (math.isfinite(seconds) and seconds >= 0):
+            return
+        i = 0
+        while i < len(LATENCY_BUCKETS_S) and seconds > LATENCY_BUCKETS_S[i]:
+            i += 1
+        self.counts[i] += 1
+        self.sum += seconds
+        self.count += 1
+
+    def cumulative(self) -> list[tuple[str, int]]:
+        """``(upper bound, observations at or below it)`` per bucket, ending with ``+Inf``."""
+        out: list[tuple[str, int]] = []
+        total = 0
+        for bound, n in zip((*map(repr, LATENCY_BUCKETS_S), "+Inf"), self.counts, strict=True):
+            total += n
+            out.append((bound, total))
+        return out
+
+
+class TierCosts:
+    """One tier's measured costs, what it saved, and its latency histograms."""
+
+    __slots__ = ("benefit", "histograms", "probes", "queue", "read", "skips")
+
+    def __init__(self, read: LinearCost | None = None) -> None:
+        self.read = read if read is not None else tier_read_cost()
+        self.skips = 0  # plans that recomputed this tier's blocks since its last read
+        self.probes = 0  # plans overridden to read it anyway, to measure it again
+        self.queue = QueueWait()
+        self.benefit = TierBenefit()
+        self.histograms = {kind: LatencyHistogram() for kind in LATENCY_KINDS}
+
+    def cost(self) -> TierCost:
+        return TierCost(self.read.fixed_s, self.read.per_unit_s, self.queue.seconds)
+
+    def as_dict(self) -> dict[str, Any]:
+        read = self.read.as_dict()
+        return {
+            **self.benefit.as_dict(),
+            "est_read_fixed_s": read["fixed_s"],
+            "est_read_bytes_per_s": read["units_per_s"],
+            "est_read_observations": read["observations"],
+            "est_queue_s": self.queue.seconds,
+            "probes": self.probes,
+        }
+
+
+class LoadDecider:
+    """The measured costs of a tiered cache and the per-request load-or-recompute decision.
+
+    Holds one :class:`TierCosts` per secondary tier (fed by completed read jobs), one for the
+    CPU tier (fed by the engine's CPU->device copies; a CPU tier nobody measured is free) and
+    the engine's prefill estimate. ``decide``: ``True`` or ``False`` force the decision on or
+    off; ``None`` (the default) turns it on once the engine gave its prefill speed (at
+    construction or by :meth:`observe_prefill`) and the block size in tokens is known, since
+    deciding against the prior alone could recompute blocks a fast tier would have served.
+
+    A tier judged slower than prefill is no longer read, so nothing would tell when it
+    recovers: after ``probe_every`` plans in a row that recomputed its blocks, the next plan
+    loads the whole hit prefix once (a probe, counted per tier), and its read re-measures it.
+    """
+
+    #: Plans in a row that skip a tier before one reads it again (the cost of staying current).
+    probe_every = 16
+
+    def __init__(
+        self,
+        tiers: Sequence[TierCosts],
+        *,
+        block_tokens: int | None = None,
+        prefill_tokens_per_s: float | None = None,
+        decide: bool | None = None,
+    ) -> None:
+        if block_tokens is not None:
+            block_tokens = check_int("block_tokens", block_tokens, 1)
+        if decide is not None and not isinstance(decide, bool):
+            raise TypeError(f"decide must be a bool or None, got {type(decide).__name__}")
+        self.tiers = list(tiers)
+        self.cpu = TierCosts()
+        self.block_tokens = block_tokens
+        self.decide = decide
+        self.prefill_given = prefill_tokens_per_s is not None
+        self.prefill = prefill_cost(
+            DEFAULT_PREFILL_TOKENS_PER_S if prefill_tokens_per_s is None else prefill_tokens_per_s
+        )
+
+    @property
+    def enabled(self) -> bool:
+        if self.decide is not None:
+            return self.decide and self.block_tokens is not None
+        return self.block_tokens is not None and (
+            self.prefill_given or self.prefill.observations > 0
+        )
+
+    def costs(self, tier: int) -> TierCosts:
+        return self.cpu if tier == CPU_TIER else self.tiers[tier]
+
+    def observe_prefill(self, tokens: int, seconds: float) -> None:
+        """One measured prefill forward of ``tokens`` tokens that took ``seconds``."""
+        self.prefill.observe(tokens, seconds)
+
+    def plan(self, hit_tiers: Sequence[int], prompt_tokens: int, block_bytes: int) -> LoadPlan:
+        """The plan for a hit prefix (``CPU_TIER`` for CPU-resident blocks); counts its choice."""
+        assert self.block_tokens is not None
+        costs = {i: t.cost() for i, t in enumerate(self.tiers)}
+        if self.cpu.read.observations:
+            costs[CPU_TIER] = self.cpu.cost()
+        plan = plan_load(
+            hit_tiers,
+            block_tokens=self.block_tokens,
+            block_bytes=block_bytes,
+            prompt_tokens=prompt_tokens,
+            tier_costs=costs,
+            prefill=self.prefill,
+        )
+        skipped = [self.costs(tier) for tier in plan.recomputed_by_tier]
+        if any(c.skips >= self.probe_every for c in skipped):
+            for c in skipped:
+                c.skips = 0
+                c.probes += 1
+            return plan_load(  # no costs: every hit block is loaded
+                hit_tiers,
+                block_tokens=self.block_tokens,
+                block_bytes=block_bytes,
+                prompt_tokens=prompt_tokens,
+                tier_costs={},
+                prefill=self.prefill,
+            )
+        for tier, n in plan.recomputed_by_tier.items():
+            costs = self.costs(tier)
+            costs.benefit.blocks_recomputed_by_choice += n
+            costs.skips += 1
+        return plan
+
+    def record_read(
+        self, tier: int, blocks: int, nbytes: int, seconds: float, waited_s: float | None = None
+    ) -> None:
+        """A completed read of ``blocks`` good blocks from ``tier`` (``CPU_TIER``: to device).
+
+        ``seconds`` is the job's own time; ``waited_s`` the time from submit to its result
+        being seen (queue and polling included), when known.
+        """
+        costs = self.costs(tier)
+        costs.skips = 0
+        costs.read.observe(nbytes, seconds)
+        costs.histograms["load"].observe(seconds)
+        if waited_s is not None:
+            costs.histograms["promotion"].observe(waited_s)
+            costs.queue.observe(max(waited_s - seconds, 0.0))
+        if self.block_tokens is not None:
+            costs.benefit.record_load(blocks * self.block_tokens, seconds, self.prefill)
+
+    def as_dict(self) -> dict[str, Any]:
+        prefill = self.prefill.as_dict()
+        return {
+            "decide": int(self.enabled),
+            "prefill_tokens_per_s": prefill["units_per_s"],
+            "prefill_fixed_s": prefill["fixed_s"],
+            "prefill_observations": prefill["observations"],
+        }

@@ -66,6 +66,7 @@ from kvoffload.tiers.base import (
     check_seconds,
 )
 from kvoffload.tiers.breaker import BREAKER_GAUGE, BreakerState, CircuitBreaker
+from kvoffload.tiers.costs import CPU_TIER, LoadDecider, LoadPlan, TierCosts
 
 logger = logging.getLogger(__name__)
 
@@ -204,16 +205,18 @@ class _Job:
     nbytes: int
     purpose: str  # "promote", "write", "fill", "write_back"
     slots: tuple[int, ...] = ()  # a write-back's held victim slots (released on completion)
+    submitted: float = 0.0  # time.monotonic() at submit: a read's wait as the request sees it
 
 
 class _RequestState:
     """Per-request tiering state kept in the request's ``ReqContext``."""
 
-    __slots__ = ("retries", "seen")
+    __slots__ = ("plan", "retries", "seen")
 
     def __init__(self) -> None:
         self.retries: dict[OffloadKey, int] = {}
         self.seen: dict[OffloadKey, None] = {}  # this pass's CPU-resident prefix, in order
+        self.plan: LoadPlan | None = None  # the last lookup_prefix's load-or-recompute plan
 
 
 def _request_state(ctx: ReqContext) -> _RequestState:
@@ -272,6 +275,7 @@ class _TierState:
         self.write_backs = 0  # evicted blocks whose write here is in flight
         self.counters: dict[str, float] = dict.fromkeys(_TIER_COUNTERS, 0)
         self.drops: Counter[str] = Counter()
+        self.costs = TierCosts()
 
     def room(self, slot_bytes: int) -> int | None:
         """Blocks that still fit under the in-flight bound (``None``: no bound)."""
@@ -297,6 +301,11 @@ class TieringManager(OffloadingManager):
         negative_ttl_s: how long a failed read keeps its key from being promoted from that
             tier again (``inf``: until a put of it succeeds there). Write-through never puts
             a block the tier already holds, so a verdict that never expired would strand it.
+        block_tokens / prefill_tokens_per_s / decide: the load-or-recompute decision
+            (:class:`~kvoffload.tiers.costs.LoadDecider`): ``lookup_prefix`` promotes only the
+            hit blocks whose reads beat recomputing them. ``decide=None`` turns it on once
+            ``block_tokens`` and the prefill speed (given here or by :meth:`observe_prefill`)
+            are known.
     """
 
     def __init__(
@@ -310,6 +319,9 @@ class TieringManager(OffloadingManager):
         max_negative: int = 65536,
         write_back_wait_s: float = 0.05,
         negative_ttl_s: float = 10.0,
+        block_tokens: int | None = None,
+        prefill_tokens_per_s: float | None = None,
+        decide: bool | None = None,
     ) -> None:
         if not isinstance(cpu, CPUOffloadingManager):
             raise TypeError(f"cpu must be a CPUOffloadingManager, got {type(cpu).__name__}")
@@ -344,6 +356,12 @@ class TieringManager(OffloadingManager):
             if seen[label] > 1:
                 label = f"{label}#{i}"
             self._tiers.append(_TierState(spec, label, clock, cpu.num_blocks))
+        self.costs = LoadDecider(
+            [st.costs for st in self._tiers],
+            block_tokens=block_tokens,
+            prefill_tokens_per_s=prefill_tokens_per_s,
+            decide=decide,
+        )
         self._slots: dict[OffloadKey, int] = {}  # CPU-resident keys -> slot (mirror of cpu)
         self._pending: dict[OffloadKey, ReqContext] = {}  # CPU stores in flight -> owner
         self._promoting: dict[OffloadKey, int] = {}  # key -> tier index of its promotion
@@ -400,6 +418,19 @@ class TieringManager(OffloadingManager):
     def promotions_in_flight(self) -> int:
         """Blocks being promoted into the CPU tier (queued or read): they read ``HIT_PENDING``."""
         return len(self._promoting)
+
+    def observe_prefill(self, tokens: int, seconds: float) -> None:
+        """The engine's measured prefill of ``tokens`` tokens in ``seconds`` (feeds the plan)."""
+        self.costs.observe_prefill(tokens, seconds)
+
+    def observe_cpu_load(self, blocks: int, nbytes: int, seconds: float) -> None:
+        """A measured CPU->device load of ``blocks`` blocks (the CPU tier's cost and benefit)."""
+        self.costs.record_read(CPU_TIER, blocks, nbytes, seconds)
+
+    def request_plan(self, ctx: ReqContext) -> LoadPlan | None:
+        """The plan of ``ctx``'s last :meth:`lookup_prefix` (``None``: no decision was made)."""
+        state = ctx.get_state(_RequestState)
+        return state.plan if state is not None else None
 
     def cpu_slot(self, key: OffloadKey) -> int | None:
         """The CPU slot of a resident key (ready or pending), else ``None``."""
@@ -459,7 +490,9 @@ class TieringManager(OffloadingManager):
                 continue
             asked = [keys[i] for i in todo]
             st.counters["lookups"] += len(asked)
+            began = time.monotonic()
             presence = st.tier.contains(asked)
+            st.costs.histograms["lookup"].observe(time.monotonic() - began)
             left = []
             for i, verdict in zip(todo, presence, strict=True):
                 if verdict is Presence.HIT and not self._refused(st, keys[i]):
@@ -595,21 +628,34 @@ class TieringManager(OffloadingManager):
         promote: list[OffloadKey] = []
         promote_at: list[int] = []
         tiers: list[int] = []
+        hit_tiers: list[int] = []  # the tier of each prefix block (CPU_TIER: resident)
         stop = len(keys)
         end = _MISS  # the verdict of the key that ends the prefix
         for i, key in enumerate(keys):
             if key in self._slots:
+                hit_tiers.append(CPU_TIER)
                 continue
             verdict, index = located.get(key, (_MISS, -1))
             if key in promote:  # a repeated key: already part of the prefix
+                hit_tiers.append(tiers[promote.index(key)])
                 continue
             if verdict is _HIT:
                 promote.append(key)
                 promote_at.append(i)
                 tiers.append(index)
+                hit_tiers.append(index)
                 continue
             stop, end = i, verdict
             break
+        chosen = False
+        state = _request_state(owner)
+        state.plan = None
+        if hit_tiers and owner.prompt_tokens and self.costs.enabled:
+            plan = state.plan = self.costs.plan(hit_tiers, owner.prompt_tokens, self.slot_bytes)
+            if plan.load_blocks < len(hit_tiers):  # the rest is recomputed sooner than read
+                stop, end, chosen = plan.load_blocks, _MISS, True
+                keep = sum(1 for at in promote_at if at < stop)
+                promote, promote_at, tiers = promote[:keep], promote_at[:keep], tiers[:keep]
         if promote:
             kept = self._allocate(promote, tiers, owner, keys[:stop])
             if kept < len(promote):  # no room (or not admitted): the prefix ends there
@@ -619,7 +665,7 @@ class TieringManager(OffloadingManager):
             results[i] = self.cpu.lookup(keys[i], ctx)
         if stop < len(keys):
             results[stop] = end
-        if stop < len(keys) and results[stop] is _MISS:
+        if stop < len(keys) and results[stop] is _MISS and not chosen:
             self.cpu.lookup(
                 keys[stop], ctx
             )  # count the miss that ends the prefix, as a driver does
@@ -645,7 +691,13 @@ class TieringManager(OffloadingManager):
                     job_id = st.tier.submit_get(keys, slots, self._generation)
                     st.breaker.on_submit()
                     st.jobs[job_id] = _Job(
-                        JobKind.GET, keys, part[0][2], self._generation, nbytes, "promote"
+                        JobKind.GET,
+                        keys,
+                        part[0][2],
+                        self._generation,
+                        nbytes,
+                        "promote",
+                        submitted=time.monotonic(),
                     )
                     st.inflight_bytes += nbytes
 
@@ -849,6 +901,8 @@ class TieringManager(OffloadingManager):
         st.counters["read_seconds"] += result.seconds
         st.counters["promotions"] += len(good)
         st.counters["promotion_failures"] += len(bad)
+        waited = time.monotonic() - job.submitted if job.submitted else None
+        self.costs.record_read(index, len(good), result.nbytes, result.seconds, waited)
         if good:
             self.cpu.complete_store(good, job.ctx, success=True)
             for key in good:
@@ -872,6 +926,7 @@ class TieringManager(OffloadingManager):
             self.cpu.complete_load(list(job.keys), job.ctx)  # the put's pin
         st.counters["bytes_written"] += result.nbytes
         st.counters["write_seconds"] += result.seconds
+        st.costs.histograms["store"].observe(result.seconds)
         st.counters["blocks_written"] += len(job.keys) - len(failed)
         st.counters["write_failures"] += len(failed)
         for i in failed:
@@ -1021,6 +1076,7 @@ class TieringManager(OffloadingManager):
             drops=dict(st.drops),
             dropped_blocks=sum(st.drops.values()),
         )
+        out.update(st.costs.as_dict())
         out.update({f"medium_{k}": v for k, v in st.tier.stats().items()})
         return out
 
@@ -1033,6 +1089,8 @@ class TieringManager(OffloadingManager):
                 **self._counters,
                 "generation": self._generation,
                 "resetting": int(self._resetting),
+                **self.costs.as_dict(),
+                **{f"cpu_{k}": v for k, v in self.costs.cpu.as_dict().items()},
             },
             tiers={st.label: self._tier_stats(st) for st in self._tiers},
         )
