@@ -469,9 +469,9 @@ class LoadDecider:
                 prefill=self.prefill,
             )
         for tier, n in plan.recomputed_by_tier.items():
-            costs = self.costs(tier)
-            costs.benefit.blocks_recomputed_by_choice += n
-            costs.skips += 1
+            skipped_tier = self.costs(tier)
+            skipped_tier.benefit.blocks_recomputed_by_choice += n
+            skipped_tier.skips += 1
         return plan
 
     def record_read(

@@ -66,7 +66,7 @@ from kvoffload.tiers.base import (
     check_seconds,
 )
 from kvoffload.tiers.breaker import BREAKER_GAUGE, BreakerState, CircuitBreaker
-from kvoffload.tiers.costs import CPU_TIER, LoadDecider, LoadPlan, TierCosts
+from kvoffload.tiers.costs import CPU_TIER, LatencyHistogram, LoadDecider, LoadPlan, TierCosts
 
 logger = logging.getLogger(__name__)
 
@@ -426,6 +426,14 @@ class TieringManager(OffloadingManager):
     def observe_cpu_load(self, blocks: int, nbytes: int, seconds: float) -> None:
         """A measured CPU->device load of ``blocks`` blocks (the CPU tier's cost and benefit)."""
         self.costs.record_read(CPU_TIER, blocks, nbytes, seconds)
+
+    def latency_histograms(self) -> dict[str, Mapping[str, LatencyHistogram]]:
+        """Per tier label (and ``"cpu"``): its lookup, load, promotion and store histograms."""
+        out: dict[str, Mapping[str, LatencyHistogram]] = {
+            st.label: st.costs.histograms for st in self._tiers
+        }
+        out["cpu"] = {"load": self.costs.cpu.histograms["load"]}
+        return out
 
     def request_plan(self, ctx: ReqContext) -> LoadPlan | None:
         """The plan of ``ctx``'s last :meth:`lookup_prefix` (``None``: no decision was made)."""
