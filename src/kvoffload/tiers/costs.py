@@ -441,8 +441,14 @@ class LoadDecider:
         """One measured prefill forward of ``tokens`` tokens that took ``seconds``."""
         self.prefill.observe(tokens, seconds)
 
-    def plan(self, hit_tiers: Sequence[int], prompt_tokens: int, block_bytes: int) -> LoadPlan:
-        """The plan for a hit prefix (``CPU_TIER`` for CPU-resident blocks); counts its choice."""
+    def plan(
+        self, hit_tiers: Sequence[int], prompt_tokens: int, block_bytes: int, *, count: bool = True
+    ) -> LoadPlan:
+        """The plan for a hit prefix (``CPU_TIER`` for CPU-resident blocks).
+
+        ``count``: record its choice (blocks recomputed by choice, probes); a request's
+        repeated lookups plan again but count once.
+        """
         assert self.block_tokens is not None
         costs = {i: t.cost() for i, t in enumerate(self.tiers)}
         if self.cpu.read.observations:
@@ -455,6 +461,8 @@ class LoadDecider:
             tier_costs=costs,
             prefill=self.prefill,
         )
+        if not count:
+            return plan
         skipped = [self.costs(tier) for tier in plan.recomputed_by_tier]
         if any(c.skips >= self.probe_every for c in skipped):
             for c in skipped:

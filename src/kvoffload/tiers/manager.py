@@ -657,9 +657,12 @@ class TieringManager(OffloadingManager):
             break
         chosen = False
         state = _request_state(owner)
-        state.plan = None
         if hit_tiers and owner.prompt_tokens and self.costs.enabled:
-            plan = state.plan = self.costs.plan(hit_tiers, owner.prompt_tokens, self.slot_bytes)
+            # A driver asks again while its promotions land: its choice is counted once.
+            plan = self.costs.plan(
+                hit_tiers, owner.prompt_tokens, self.slot_bytes, count=state.plan is None
+            )
+            state.plan = plan
             if plan.load_blocks < len(hit_tiers):  # the rest is recomputed sooner than read
                 stop, end, chosen = plan.load_blocks, _MISS, True
                 keep = sum(1 for at in promote_at if at < stop)
