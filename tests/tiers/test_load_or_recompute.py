@@ -144,3 +144,15 @@ def test_a_tier_judged_slow_is_read_again_now_and_then_so_a_recovery_is_measured
     stats = manager.get_stats().tiers["slow"]
     assert served.count(PENDING) == stats["probes"] == 2  # one read per probe_every skips
     assert stats["est_read_fixed_s"] < before  # each probe's fast read pulls it down
+
+
+def test_a_read_abandoned_by_a_reset_still_measures_the_tier_but_serves_nothing() -> None:
+    manager, tier, clock = build(delay_s=0.5)
+    ctx = ReqContext(req_id="a", prompt_tokens=2 * BLOCK_TOKENS + 1)
+    assert manager.lookup_prefix([key(0), key(1)], ctx) == [PENDING, PENDING]
+    manager.reset_cache()  # the request gave up; its read is still in flight
+    clock.now += tier.latency_s
+    manager.step()
+    stats = manager.get_stats().tiers["slow"]
+    assert stats["est_read_observations"] == 1 and stats["tokens_served"] == 0
+    assert stats["est_read_fixed_s"] > 1e-3  # above the prior: the 0.5 s read counted

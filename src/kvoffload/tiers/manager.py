@@ -902,6 +902,11 @@ class TieringManager(OffloadingManager):
     ) -> None:
         for key in job.keys:
             self._promoting.pop(key, None)
+        # A stale read still measured the tier (a request that stopped waiting for it, then
+        # a reset, must not leave its cost unknown); only a current one served tokens.
+        waited = time.monotonic() - job.submitted if job.submitted else None
+        served = 0 if stale else sum(result.ok)
+        self.costs.record_read(index, served, result.nbytes, result.seconds, waited)
         if stale:  # the CPU reset waits for this job, so its slots are still this job's
             self.cpu.complete_store(list(job.keys), job.ctx, success=False)
             self._forget_cpu(job.keys)
@@ -912,8 +917,6 @@ class TieringManager(OffloadingManager):
         st.counters["read_seconds"] += result.seconds
         st.counters["promotions"] += len(good)
         st.counters["promotion_failures"] += len(bad)
-        waited = time.monotonic() - job.submitted if job.submitted else None
-        self.costs.record_read(index, len(good), result.nbytes, result.seconds, waited)
         if good:
             self.cpu.complete_store(good, job.ctx, success=True)
             for key in good:
