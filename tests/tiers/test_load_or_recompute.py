@@ -150,8 +150,8 @@ def test_a_read_abandoned_by_a_reset_still_measures_the_tier_but_serves_nothing(
     manager, tier, clock = build(delay_s=0.5)
     ctx = ReqContext(req_id="a", prompt_tokens=2 * BLOCK_TOKENS + 1)
     assert manager.lookup_prefix([key(0), key(1)], ctx) == [PENDING, PENDING]
-    manager.reset_cache()  # the request gave up; its read is still in flight
-    clock.now += tier.latency_s
+    clock.now += tier.latency_s  # the read takes its time; the request gave up meanwhile
+    manager.reset_cache()  # the reset drains it: a stale completion
     manager.step()
     stats = manager.get_stats().tiers["slow"]
     assert stats["est_read_observations"] == 1 and stats["tokens_served"] == 0
