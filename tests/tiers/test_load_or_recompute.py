@@ -156,4 +156,4 @@ def test_a_read_abandoned_by_a_reset_still_measures_the_tier_but_serves_nothing(
     stats = manager.get_stats().tiers["slow"]
     assert stats["est_read_observations"] == 1 and stats["tokens_served"] == 0
     prior = tier_read_cost().predict(2 * SLOT)
-    assert manager.costs.tiers[0].read.predict(2 * SLOT) > 2 * prior  # the 0.5 s read counted
+    assert manager.costs.tiers[0].read.predict(2 * SLOT) > 1.5 * prior  # the slow read counted
