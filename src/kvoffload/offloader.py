@@ -290,13 +290,14 @@ class KVOffloader:
         manager: Any = self.manager
         start = time.monotonic()
         deadline = start + self.tier_wait_s
-        planned = False
+        planned = bounded = False
         while True:
             results = manager.lookup_prefix(keys, ctx)
             if not planned and ctx is not None:
                 planned = True
                 plan = manager.request_plan(ctx)
                 if plan is not None:
+                    bounded = True
                     bound = plan.deadline_s + self.decision_margin(plan.deadline_s)
                     deadline = min(deadline, start + bound)
             hits = 0
@@ -307,6 +308,8 @@ class KVOffloader:
                 LookupResult.RETRY,
             )
             if not waiting or time.monotonic() >= deadline:
+                if waiting and bounded and ctx is not None:
+                    manager.note_overdue(ctx)  # the tier learns it was too slow
                 return hits
             if results[hits] is LookupResult.RETRY:  # a remote tier's answer is on its way
                 time.sleep(0.001)

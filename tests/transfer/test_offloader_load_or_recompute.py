@@ -46,6 +46,8 @@ def test_lookup_stops_waiting_at_the_plan_deadline_plus_margin() -> None:
     assert bound < 0.05
     assert hits == 0  # the reads were not back by the deadline: the prompt is recomputed
     assert waited < 0.3  # far below the tier's 0.6 s and tier_wait_s (slack for a busy box)
+    (tier,) = off.stats().manager.tiers.values()  # type: ignore[union-attr]
+    assert tier["est_read_observations"] == 1  # the overdue read taught the tier's estimate
     off.end_request(ctx)
     off.close()
 

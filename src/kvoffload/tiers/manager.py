@@ -206,6 +206,7 @@ class _Job:
     purpose: str  # "promote", "write", "fill", "write_back"
     slots: tuple[int, ...] = ()  # a write-back's held victim slots (released on completion)
     submitted: float = 0.0  # time.monotonic() at submit: a read's wait as the request sees it
+    overdue: bool = False  # a request stopped waiting for it (its age was observed then)
 
 
 class _RequestState:
@@ -434,6 +435,19 @@ class TieringManager(OffloadingManager):
         }
         out["cpu"] = {"load": self.costs.cpu.histograms["load"]}
         return out
+
+    def note_overdue(self, ctx: ReqContext) -> int:
+        """``ctx`` stopped waiting for its reads: each one still in flight has taken at least
+        its age so far, which the tier's estimate learns now (a lower bound) rather than only
+        when it completes. Returns how many reads were noted."""
+        now, noted = time.monotonic(), 0
+        for st in self._tiers:
+            for job in st.jobs.values():
+                if job.ctx is ctx and job.kind is JobKind.GET and job.submitted and not job.overdue:
+                    job.overdue = True
+                    st.costs.read.observe(job.nbytes, now - job.submitted)
+                    noted += 1
+        return noted
 
     def request_plan(self, ctx: ReqContext) -> LoadPlan | None:
         """The plan of ``ctx``'s last :meth:`lookup_prefix` (``None``: no decision was made)."""
