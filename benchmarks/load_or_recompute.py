@@ -8,7 +8,8 @@ prefix's blocks come from the secondary tier: a real :class:`MemoryTier` slowed 
 :class:`~kvoffload.testing.slow_tier.SlowMemoryTier` (a latency per job plus bytes over a
 bandwidth). Three settings: ``fast`` (0.5 ms, 10 GB/s), ``slow`` (reads slower than
 recomputing the prefix) and ``slows`` (fast for the first half of the requests, then slow).
-Three modes, each with its own PrefixCache and estimates, on the same prompts:
+Three modes, each with its own PrefixCache, tier and estimates, on the same prompts, side by
+side (each request runs in the three modes in turn, the order rotating):
 
 * ``load``: the decision off (``decide=False``): every hit is read and waited for;
 * ``recompute``: no secondary tier: every prompt is prefilled whole;
@@ -40,6 +41,7 @@ from kvoffload.integrations.transformers import PrefixCache
 
 SLOW_TIER = "kvoffload.testing.slow_tier:SlowMemoryTier"
 FAST = {"delay_s": 0.0005, "bytes_per_s": 10e9}
+MODES = ["load", "recompute", "decide"]
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -63,14 +65,12 @@ def _slow(args: argparse.Namespace, block_bytes: int) -> dict[str, float]:
     return {"delay_s": target / 2, "bytes_per_s": blocks * block_bytes / (target / 2)}
 
 
-def run_mode(
-    model: Any, args: argparse.Namespace, prompts: list[list[int]], mode: str, setting: str
-) -> dict[str, Any]:
+def _cache(model: Any, args: argparse.Namespace, mode: str) -> PrefixCache:
     tiers: list[dict[str, Any]] = []
     if mode != "recompute":
         tiers = [{"type": SLOW_TIER, "capacity_bytes": "256MiB", **FAST}]
     extra: dict[str, Any] = {"decide": False} if mode == "load" else {}
-    pc = PrefixCache(
+    return PrefixCache(
         model,
         64 << 20,
         block_tokens=args.block_tokens,
@@ -80,33 +80,47 @@ def run_mode(
         tier_wait_s=30.0,
         **extra,
     )
-    off = pc.offloader
-    tier: Any = off.manager.tiers[0] if tiers else None  # type: ignore[attr-defined]
-    pc.prefill(prompts[0])  # the prefix reaches the tier (write-through), at full speed
-    off.flush()
+
+
+def run_setting(
+    model: Any, args: argparse.Namespace, prompts: list[list[int]], setting: str
+) -> dict[str, dict[str, Any]]:
+    """The three modes side by side: request ``i`` runs in each mode in turn (the order
+    rotates), so a busy host slows all three alike."""
+    caches = {mode: _cache(model, args, mode) for mode in MODES}
+    for pc in caches.values():
+        pc.prefill(prompts[0])  # the prefix reaches the tier (write-through), at full speed
+        pc.offloader.flush()
     slow = _slow(args, args.block_bytes)
-    rows = []
+    rows: dict[str, list[dict[str, float]]] = {mode: [] for mode in MODES}
     for i, tokens in enumerate(prompts[1:]):
-        if tier is not None:
-            slowed = setting == "slow" or (setting == "slows" and i >= args.requests // 2)
-            for name, value in (slow if slowed else FAST).items():
-                setattr(tier, name, value)
-        off.reset()  # the CPU tier forgets; the secondary keeps the prefix
-        off.flush()
-        wall, cpu = time.perf_counter(), time.process_time()
-        result = pc.prefill(tokens, store=False)
-        rows.append(
-            {
-                "wall": time.perf_counter() - wall,
-                "cpu": time.process_time() - cpu,
-                "hit": result.hit_tokens,
-            }
-        )
-    stats = off.stats().manager
-    tier_row = dict(next(iter(getattr(stats, "tiers", {}).values()), {}))
-    tiering = dict(getattr(stats, "tiering", {}) or {})
-    pc.close()
-    return {"rows": rows, "tier": tier_row, "tiering": tiering}
+        slowed = setting == "slow" or (setting == "slows" and i >= args.requests // 2)
+        order = MODES[i % 3 :] + MODES[: i % 3]
+        for mode in order:
+            pc = caches[mode]
+            off = pc.offloader
+            for tier in getattr(off.manager, "tiers", []):
+                for name, value in (slow if slowed else FAST).items():
+                    setattr(tier, name, value)
+            off.reset()  # the CPU tier forgets; the secondary keeps the prefix
+            off.flush()
+            wall, cpu = time.perf_counter(), time.process_time()
+            result = pc.prefill(tokens, store=False)
+            rows[mode].append(
+                {
+                    "wall": time.perf_counter() - wall,
+                    "cpu": time.process_time() - cpu,
+                    "hit": result.hit_tokens,
+                }
+            )
+    out = {}
+    for mode, pc in caches.items():
+        stats = pc.offloader.stats().manager
+        tier_row = dict(next(iter(getattr(stats, "tiers", {}).values()), {}))
+        tiering = dict(getattr(stats, "tiering", {}) or {})
+        pc.close()
+        out[mode] = {"rows": rows[mode], "tier": tier_row, "tiering": tiering}
+    return out
 
 
 def summarize(results: dict[str, dict[str, Any]], args: argparse.Namespace) -> dict[str, Any]:
@@ -175,8 +189,7 @@ def main() -> None:
         "slow_tier": _slow(args, args.block_bytes),
     }
     for setting in cli.settings:
-        results = {m: run_mode(model, args, prompts, m, setting) for m in ("load", "recompute")}
-        results["decide"] = run_mode(model, args, prompts, "decide", setting)
+        results = run_setting(model, args, prompts, setting)
         report[setting] = summarize(results, args)
         if setting == "fast":
             hits = report[setting]["load"]["hit_tokens"]
