@@ -114,6 +114,12 @@ def _check_prefix(prefix: str) -> str:
     return prefix
 
 
+#: A histogram's value: ``(cumulative buckets as (upper bound, count), sum)``.
+_Histogram = tuple[list[tuple[str, int]], float]
+#: ``(kind, family name, help, labels of this series only, value)``.
+_Sample = tuple[str, str, str, dict[str, str], float | _Histogram]
+
+
 class _Member(Collector):
     """One manager's figures, read at scrape time, and the labels naming its series."""
 
@@ -124,7 +130,7 @@ class _Member(Collector):
         self.prefix = _check_prefix(prefix)
         self.labels = _check_labels(labels)
 
-    def samples(self) -> Iterator[tuple[str, str, str, dict[str, str], float]]:
+    def samples(self) -> Iterator[_Sample]:
         """``(kind, family name, help, labels of this series only, value)`` per figure."""
         raise NotImplementedError
 
@@ -141,7 +147,7 @@ class ManagerCollector(_Member):
 
     manager: OffloadingManager
 
-    def samples(self) -> Iterator[tuple[str, str, str, dict[str, str], float]]:
+    def samples(self) -> Iterator[_Sample]:
         stats = self.manager.get_stats()
         if stats is None:
             return
@@ -176,7 +182,7 @@ def _families(label_names: list[str], members: Sequence[_Member]) -> Iterator[An
             if family is None:
                 cls = _KINDS[kind]
                 family = families[name] = cls(name, doc, labels=[*label_names, *extra])
-            if kind == "histogram":
+            if isinstance(value, tuple):  # a histogram
                 buckets, total = value
                 family.add_metric([*base, *extra.values()], buckets, total)
             else:
@@ -421,7 +427,7 @@ class TieringCollector(_Member):
                 "name the manager with another label (e.g. engine)"
             )
 
-    def samples(self) -> Iterator[tuple[str, str, str, dict[str, str], float]]:
+    def samples(self) -> Iterator[_Sample]:
         stats = self.manager.get_stats()
         p = f"{self.prefix}_tier"
         for label, tier in stats.tiers.items():
