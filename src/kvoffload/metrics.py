@@ -23,10 +23,13 @@ families under the same prefix with the same label set.
 **A tiering manager** (:func:`register_tiering_metrics`) is its CPU tier as above
 (``tier="cpu"``) plus one series per secondary tier in the ``<prefix>_tier_*`` families
 (lookups, hits, bytes and seconds read and written, drops by ``reason``, evictions, corrupt
-records, used and capacity bytes, breaker state), and its own counters in
-``<prefix>_tiering_*``. Several tiering managers on one registry (one per engine) are told
-apart by their ``labels`` (e.g. ``{"engine": "0"}``); ``docs/tiers.md`` maps the names to
-vLLM's ``vllm:kv_offload_tiering_*``.
+records, used and capacity bytes, breaker state, what each tier saved: tokens served, prefill
+seconds saved, seconds loading and the net, blocks recomputed by choice, and latency
+histograms ``<prefix>_tier_<lookup|load|promotion|store>_latency_seconds``, 0.1 ms to 10 s; the CPU
+tier's own ``tier="cpu"`` series in these families come from the engine's CPU->device loads),
+and its own counters in ``<prefix>_tiering_*``. Several tiering managers on one registry
+(one per engine) are told apart by their ``labels`` (e.g. ``{"engine": "0"}``);
+``docs/tiers.md`` maps the names to vLLM's ``vllm:kv_offload_tiering_*``.
 """
 
 from __future__ import annotations
@@ -42,7 +45,11 @@ if TYPE_CHECKING:
     from kvoffload.tiers.manager import TieringManager
 
 try:
-    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+    from prometheus_client.core import (
+        CounterMetricFamily,
+        GaugeMetricFamily,
+        HistogramMetricFamily,
+    )
     from prometheus_client.registry import REGISTRY, Collector, CollectorRegistry
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise ImportError(
@@ -107,6 +114,12 @@ def _check_prefix(prefix: str) -> str:
     return prefix
 
 
+#: A histogram's value: ``(cumulative buckets as (upper bound, count), sum)``.
+_Histogram = tuple[list[tuple[str, int]], float]
+#: ``(kind, family name, help, labels of this series only, value)``.
+_Sample = tuple[str, str, str, dict[str, str], float | _Histogram]
+
+
 class _Member(Collector):
     """One manager's figures, read at scrape time, and the labels naming its series."""
 
@@ -117,7 +130,7 @@ class _Member(Collector):
         self.prefix = _check_prefix(prefix)
         self.labels = _check_labels(labels)
 
-    def samples(self) -> Iterator[tuple[str, str, str, dict[str, str], float]]:
+    def samples(self) -> Iterator[_Sample]:
         """``(kind, family name, help, labels of this series only, value)`` per figure."""
         raise NotImplementedError
 
@@ -134,7 +147,7 @@ class ManagerCollector(_Member):
 
     manager: OffloadingManager
 
-    def samples(self) -> Iterator[tuple[str, str, str, dict[str, str], float]]:
+    def samples(self) -> Iterator[_Sample]:
         stats = self.manager.get_stats()
         if stats is None:
             return
@@ -152,6 +165,13 @@ class ManagerCollector(_Member):
             yield "gauge", f"{self.prefix}_policy_{metric}", doc, {}, float(value)
 
 
+_KINDS: dict[str, Any] = {
+    "counter": CounterMetricFamily,
+    "gauge": GaugeMetricFamily,
+    "histogram": HistogramMetricFamily,
+}
+
+
 def _families(label_names: list[str], members: Sequence[_Member]) -> Iterator[Any]:
     """One family per figure, with one sample per member (and extra labels), in order."""
     families: dict[str, Any] = {}
@@ -160,9 +180,13 @@ def _families(label_names: list[str], members: Sequence[_Member]) -> Iterator[An
         for kind, name, doc, extra, value in member.samples():
             family = families.get(name)
             if family is None:
-                cls = CounterMetricFamily if kind == "counter" else GaugeMetricFamily
+                cls = _KINDS[kind]
                 family = families[name] = cls(name, doc, labels=[*label_names, *extra])
-            family.add_metric([*base, *extra.values()], value)
+            if isinstance(value, tuple):  # a histogram
+                buckets, total = value
+                family.add_metric([*base, *extra.values()], buckets, total)
+            else:
+                family.add_metric([*base, *extra.values()], value)
     return iter(families.values())
 
 
@@ -312,6 +336,32 @@ _TIER_COUNTERS = {
     "breaker_trips": ("breaker_trips", "Times this tier's circuit breaker opened."),
     "stale_completions": ("stale_completions", "Jobs that completed after a reset (ignored)."),
 }
+#: What each tier saved (the CPU tier's too): ``<prefix>_tier_<name>`` counters and gauges.
+_BENEFIT_COUNTERS = {
+    "tokens_served": ("tokens_served", "Prompt tokens this tier's blocks served (not prefilled)."),
+    "prefill_seconds_saved": (
+        "prefill_seconds_saved",
+        "Estimated prefill seconds those tokens saved (at the measured marginal prefill cost).",
+    ),
+    "loading_seconds": ("load_seconds", "Seconds spent loading those blocks."),
+    "blocks_recomputed_by_choice": (
+        "blocks_recomputed_by_choice",
+        "Hit blocks left to prefill because reading them was expected to be slower.",
+    ),
+    "probes": ("probes", "Reads made anyway to re-measure a tier judged slow."),
+}
+_BENEFIT_GAUGES = {
+    "net_seconds_saved": ("net_seconds_saved", "Prefill seconds saved minus seconds loading."),
+    "est_read_fixed_s": ("est_read_fixed_s", "Estimated seconds of one read job (latency)."),
+    "est_read_bytes_per_s": ("est_read_bytes_per_s", "Estimated read bandwidth (bytes/s)."),
+    "est_queue_seconds": ("est_queue_s", "Estimated wait of a read before its result is seen."),
+}
+_LATENCY_DOCS = {
+    "lookup": "Seconds of this tier's presence checks (one call per lookup).",
+    "load": "Seconds of this tier's read jobs (CPU tier: CPU->device loads).",
+    "promotion": "Seconds from submitting a read to its result being seen (queue included).",
+    "store": "Seconds of this tier's write jobs.",
+}
 _TIER_GAUGES = {
     "breaker_state": ("breaker_gauge", "Circuit breaker: 0 closed, 1 half-open, 2 open."),
     "jobs_in_flight": ("jobs_in_flight", "Jobs submitted to this tier and not yet polled."),
@@ -371,7 +421,7 @@ class TieringCollector(_Member):
                 "name the manager with another label (e.g. engine)"
             )
 
-    def samples(self) -> Iterator[tuple[str, str, str, dict[str, str], float]]:
+    def samples(self) -> Iterator[_Sample]:
         stats = self.manager.get_stats()
         p = f"{self.prefix}_tier"
         for label, tier in stats.tiers.items():
@@ -406,13 +456,36 @@ class TieringCollector(_Member):
                 value = tier.get(f"medium_{name}")
                 if value is not None:
                     yield "gauge", f"{p}_{name}", doc, one, float(value)
+        cpu = {k[4:]: v for k, v in stats.tiering.items() if k.startswith("cpu_")}
+        for label, tier in [*stats.tiers.items(), ("cpu", cpu)]:
+            one = {"tier": label}
+            for name, (key, doc) in _BENEFIT_COUNTERS.items():
+                yield "counter", f"{p}_{name}", doc, one, float(tier.get(key, 0))
+            for name, (key, doc) in _BENEFIT_GAUGES.items():
+                yield "gauge", f"{p}_{name}", doc, one, float(tier.get(key, 0))
+        for label, histograms in self.manager.latency_histograms().items():
+            for kind, hist in histograms.items():
+                yield (
+                    "histogram",
+                    f"{p}_{kind}_latency_seconds",
+                    _LATENCY_DOCS[kind],
+                    {"tier": label},
+                    (hist.cumulative(), hist.sum),
+                )
+        for name in ("decide", "prefill_tokens_per_s"):
+            doc = (
+                "1 while the load-or-recompute decision is on."
+                if name == "decide"
+                else "The engine's estimated prefill speed (tokens/s)."
+            )
+            yield "gauge", f"{self.prefix}_tiering_{name}", doc, {}, float(stats.tiering[name])
         for name, doc in _TIERING_COUNTERS.items():
             value = stats.tiering.get(name, 0)
             yield "counter", f"{self.prefix}_tiering_{name}", doc, {}, float(value)
 
 
 def _tiering_families(prefix: str, names: list[str]) -> Iterator[Any]:
-    for name in (*_TIER_COUNTERS, "evictions", "corrupt_records"):
+    for name in (*_TIER_COUNTERS, *_BENEFIT_COUNTERS, "evictions", "corrupt_records"):
         yield CounterMetricFamily(f"{prefix}_tier_{name}", "", labels=[*names, "tier"])
     for name in _TIERING_COUNTERS:
         yield CounterMetricFamily(f"{prefix}_tiering_{name}", "", labels=names)

@@ -36,6 +36,7 @@ from kvoffload.keys import OffloadKey, hash_token_blocks, make_offload_key, name
 from kvoffload.layout import KVCacheLayout
 from kvoffload.manager import LookupResult, OffloadingManager, OffloadingStats
 from kvoffload.spec import OffloadingConfig, OffloadingSpec, OffloadingSpecFactory
+from kvoffload.tiers.costs import CPU_TIER, LoadDecider, prefill_cost
 from kvoffload.transfer.worker import LOAD, STORE, TransferResult, TransferWorker, as_int_list
 
 logger = logging.getLogger(__name__)
@@ -98,7 +99,12 @@ class KVOffloader:
             of one shape) never meet on any tier, the disk and a shared Redis included.
         tier_wait_s: with secondary tiers, how long ``lookup`` waits for a prefix's blocks to
             be promoted into the CPU tier (or for a remote tier's answer) before it counts
-            what is readable by then.
+            what is readable by then. With the load-or-recompute decision on, the wait is also
+            bounded by the plan's deadline plus :attr:`decision_margin` (see docs/tiers.md).
+        prefill_tokens_per_s / decide: the tiering manager's load-or-recompute decision
+            (:class:`~kvoffload.tiers.costs.LoadDecider`): the engine's prefill speed if known
+            (else it is measured through :meth:`observe_prefill`), and ``True``/``False`` to
+            force the decision on or off (``None``: on once the prefill speed is known).
         **config: any other :class:`~kvoffload.spec.OffloadingConfig` key
             (``blocks_per_chunk``, ``cache_policy_params``, ``store_threshold``, ``tiers``, ...).
 
@@ -120,6 +126,8 @@ class KVOffloader:
         tier_wait_s: float = 2.0,
         max_failed_stores: int = 3,
         namespace: str | bytes | None = None,
+        prefill_tokens_per_s: float | None = None,
+        decide: bool | None = None,
         **config: Any,
     ) -> None:
         if namespace is not None and not isinstance(namespace, (str, bytes)):
@@ -134,6 +142,8 @@ class KVOffloader:
             None if namespace is None else namespace_fingerprint(namespace=namespace)
         )
         check_int("max_failed_stores", max_failed_stores, 1)
+        if decide is not None and not isinstance(decide, bool):
+            raise TypeError(f"decide must be a bool or None, got {type(decide).__name__}")
         self.max_failed_stores = max_failed_stores
         self._failed_in_a_row = 0  # background stores failed since the last success
         self._last_store_error: str | None = None
@@ -160,6 +170,13 @@ class KVOffloader:
                 raise
             raise ValueError(text.replace("config 'cpu_bytes_to_use'", "cpu_bytes")) from None
         self.blocks_per_chunk = spec.blocks_per_chunk
+        self._costs: LoadDecider | None = getattr(self.manager, "costs", None)
+        if self._costs is not None:  # a tiering manager: its blocks are this spec's chunks
+            self._costs.block_tokens = spec.tokens_per_chunk(0)
+            self._costs.decide = decide
+            if prefill_tokens_per_s is not None:
+                self._costs.prefill = prefill_cost(prefill_tokens_per_s)
+                self._costs.prefill_given = True
         self._job_ids = itertools.count(1)
         self._stores: dict[int, tuple[list[OffloadKey], ReqContext]] = {}
         self._loads: dict[int, TransferResult] = {}
@@ -223,7 +240,14 @@ class KVOffloader:
             block_hashes = block_hashes[: self.max_hit_blocks(num_tokens, group)]
         keys = self._chunk_keys(block_hashes, group)
         if hasattr(self.manager, "lookup_prefix"):
-            hits = self._lookup_tiered(keys, ctx)
+            if num_tokens is not None and ctx is not None:
+                ctx.prompt_tokens = num_tokens  # what the plan weighs the reads against
+            if num_tokens is not None and ctx is None:
+                with self._request(None) as req:
+                    req.prompt_tokens = num_tokens
+                    hits = self._lookup_tiered(keys, req)
+            else:
+                hits = self._lookup_tiered(keys, ctx)
         else:
             hits = 0
             for key in keys:
@@ -245,12 +269,37 @@ class KVOffloader:
         """Chained hashes of every full device block of ``token_ids`` (for lookup/load/store)."""
         return hash_token_blocks(token_ids, self.spec.layout.block_size(self._check_group(group)))
 
+    def decision_margin(self, deadline_s: float) -> float:
+        """How long past a plan's deadline ``lookup`` still waits for its reads: 2 ms plus
+        10% (the reap and poll granularity and the estimate's noise)."""
+        return 0.002 + 0.1 * deadline_s
+
+    def observe_prefill(self, tokens: int, seconds: float) -> None:
+        """The engine's measured prefill of ``tokens`` tokens in ``seconds``: it feeds the
+        load-or-recompute decision (a no-op without secondary tiers)."""
+        if self._costs is not None:
+            self._costs.observe_prefill(tokens, seconds)
+
     def _lookup_tiered(self, keys: list[OffloadKey], ctx: ReqContext | None) -> int:
-        """Leading hits through a tiering manager: promote, wait (bounded), count."""
+        """Leading hits through a tiering manager: promote, wait (bounded), count.
+
+        The wait ends at ``tier_wait_s`` or, when the manager planned the request, at the
+        plan's deadline plus :meth:`decision_margin`: past it recomputing would have been
+        sooner, so no request waits on a tier longer than recomputing takes (plus the margin).
+        """
         manager: Any = self.manager
-        deadline = time.monotonic() + self.tier_wait_s
+        start = time.monotonic()
+        deadline = start + self.tier_wait_s
+        planned = bounded = False
         while True:
             results = manager.lookup_prefix(keys, ctx)
+            if not planned and ctx is not None:
+                planned = True
+                plan = manager.request_plan(ctx)
+                if plan is not None:
+                    bounded = True
+                    bound = plan.deadline_s + self.decision_margin(plan.deadline_s)
+                    deadline = min(deadline, start + bound)
             hits = 0
             while hits < len(results) and results[hits] is LookupResult.HIT:
                 hits += 1
@@ -259,6 +308,8 @@ class KVOffloader:
                 LookupResult.RETRY,
             )
             if not waiting or time.monotonic() >= deadline:
+                if waiting and bounded and ctx is not None:
+                    manager.note_overdue(ctx)  # the tier learns it was too slow
                 return hits
             if results[hits] is LookupResult.RETRY:  # a remote tier's answer is on its way
                 time.sleep(0.001)
@@ -310,6 +361,8 @@ class KVOffloader:
             raise TransferError(f"load job {job_id} failed: {result.error}")
         self._counts["loaded_blocks"] += len(device_block_ids)
         self._counts["loaded_bytes"] += result.bytes
+        if self._costs is not None:  # the CPU tier's measured cost (and what it served)
+            self._costs.record_read(CPU_TIER, len(keys), result.bytes, result.seconds)
         self._seconds[LOAD] += result.seconds
         return len(device_block_ids)
 

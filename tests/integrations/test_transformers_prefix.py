@@ -247,3 +247,21 @@ def test_batch_and_capacity_errors(model: Any) -> None:
             pc.prefill(list(range(65)))
         with pytest.raises(TypeError, match="not text"):
             pc.prefill("hello")
+
+
+def test_a_slow_tier_never_holds_a_prefill_past_recomputing(model: Any, cold: list[Any]) -> None:
+    """Reads that take 1 s are not waited for: recomputing the prompt is sooner (measured)."""
+    slow = {"type": "kvoffload.testing.slow_tier:SlowMemoryTier", "capacity_bytes": "64MiB"}
+    block_bytes = 2 * 2 * 2 * BLOCK * 32 * 4  # layers * K/V * heads * tokens * dim * fp32
+    with PrefixCache(
+        model, 14 * block_bytes, block_tokens=BLOCK, max_tokens=512, model_id="t", tiers=[slow]
+    ) as pc:
+        _check_exact(pc, cold)
+        pc.offloader.flush()
+        pc.offloader.manager.tiers[0].delay_s = 1.0  # type: ignore[attr-defined]
+        for tokens, (logits, _cache) in zip(prompts(), cold, strict=True):
+            result = pc.prefill(tokens)
+            assert torch.equal(result.logits, logits)  # recomputed or loaded: the same bits
+            assert result.restore_seconds < 0.5, result.restore_seconds
+        tiering = pc.stats().offloader.manager.tiering  # type: ignore[union-attr]
+        assert tiering["decide"] == 1 and tiering["prefill_observations"] >= 5

@@ -133,3 +133,40 @@ def test_clashes_are_value_errors_and_unregister_frees_the_names() -> None:
     assert _value(registry, "kvoffload_tier_lookups_total", engine="a", tier="t0") is None
     register_tiering_metrics(manager, registry)  # a new label set once the old one is gone
     assert _value(registry, "kvoffload_tier_lookups_total", tier="t0") == 0
+
+
+def test_benefit_and_latency_histograms_are_exported_per_tier() -> None:
+    from kvoffload.metrics import register_tiering_metrics
+
+    registry = prometheus_client.CollectorRegistry()
+    manager, memory, (_tier,) = build(cpu_blocks=2, block_tokens=16, prefill_tokens_per_s=1000.0)
+    register_tiering_metrics(manager, registry)
+    ctx = ReqContext(req_id="a", prompt_tokens=33)
+    store(manager, memory, [key(1), key(2)], ctx)
+    manager.step()
+    manager.reset_cache()  # the blocks are in the tier only now
+    manager.step()
+    ctx = ReqContext(req_id="b", prompt_tokens=33)
+    manager.lookup_prefix([key(1), key(2)], ctx)
+    manager.step()
+    manager.observe_cpu_load(2, 2 * SLOT, 0.002)
+    text = prometheus_client.generate_latest(registry).decode()
+    for kind in ("lookup", "load", "promotion", "store"):
+        assert f"# TYPE kvoffload_tier_{kind}_latency_seconds histogram" in text
+    assert 'kvoffload_tier_load_latency_seconds_bucket{le="0.0001",tier="t0"}' in text
+    assert 'kvoffload_tier_load_latency_seconds_bucket{le="10.0",tier="t0"}' in text
+    assert (
+        registry.get_sample_value("kvoffload_tier_load_latency_seconds_count", {"tier": "t0"}) == 1
+    )
+    assert (
+        registry.get_sample_value("kvoffload_tier_store_latency_seconds_count", {"tier": "t0"}) >= 1
+    )
+    assert (
+        registry.get_sample_value("kvoffload_tier_load_latency_seconds_count", {"tier": "cpu"}) == 1
+    )
+    served = registry.get_sample_value("kvoffload_tier_tokens_served_total", {"tier": "t0"})
+    assert served == 32
+    saved = registry.get_sample_value("kvoffload_tier_prefill_seconds_saved_total", {"tier": "t0"})
+    assert saved == pytest.approx(32 / 1000.0)
+    assert registry.get_sample_value("kvoffload_tier_tokens_served_total", {"tier": "cpu"}) == 32
+    assert registry.get_sample_value("kvoffload_tiering_decide") == 1

@@ -251,7 +251,28 @@ def summarize(
         },
     }
     out["failed_stores"] = stats.failed_stores
+    out["benefit"] = benefit(stats.manager)
     return out
+
+
+_BENEFIT_KEYS = (
+    "tokens_served",
+    "prefill_seconds_saved",
+    "load_seconds",
+    "net_seconds_saved",
+    "blocks_recomputed_by_choice",
+)
+
+
+def benefit(manager_stats: Any) -> dict[str, dict[str, float]]:
+    """What each tier saved, per the tiering manager's estimate (empty without tiers)."""
+    tiering = getattr(manager_stats, "tiering", None)
+    if not tiering:
+        return {}
+    rows = {"cpu": {k: float(tiering.get(f"cpu_{k}", 0)) for k in _BENEFIT_KEYS}}
+    for name, row in manager_stats.tiers.items():
+        rows[name] = {k: float(row.get(k, 0)) for k in _BENEFIT_KEYS}
+    return rows
 
 
 def run_instance(args: argparse.Namespace, cold_path: Path | None) -> dict[str, Any]:
@@ -325,6 +346,13 @@ def _print(summary: dict[str, Any], title: str) -> None:
     )
     for name, row in summary["bytes"].items():
         print(f"  bytes {name}: " + ", ".join(f"{k} {v:,}" for k, v in row.items()))
+    for name, row in summary.get("benefit", {}).items():
+        print(
+            f"  saved by {name}: {int(row['tokens_served']):,} tokens served, est. "
+            f"{row['prefill_seconds_saved']:.3f} s of prefill saved, "
+            f"{row['load_seconds']:.3f} s loading, net {row['net_seconds_saved']:.3f} s; "
+            f"{int(row['blocks_recomputed_by_choice'])} blocks recomputed by choice"
+        )
     print(f"  load average (1 min) {summary['load_avg_1m']:.1f}; pid {summary['pid']}")
 
 

@@ -370,6 +370,7 @@ class PrefixCache:
         ids = torch.tensor([prefix.token_ids[:end]], device=self.buffers[0].device)
         step = self.block_tokens if self.split_prefill else max(1, end - start)
         logits = None
+        first, began = start, time.perf_counter()
         with torch.inference_mode():
             while start < end:
                 stop = min(end, (start // step + 1) * step) if self.split_prefill else end
@@ -384,6 +385,8 @@ class PrefixCache:
                 start = stop
         if logits is None:
             raise ValueError("nothing to prefill: the whole prompt is cached")
+        # The measured prefill speed is what the load-or-recompute decision weighs reads by.
+        self.offloader.observe_prefill(end - first, time.perf_counter() - began)
         return logits
 
     def _count(self, prefix: Prefix) -> None:

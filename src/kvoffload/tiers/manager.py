@@ -64,6 +64,7 @@ from kvoffload.tiers.base import (
     check_seconds,
 )
 from kvoffload.tiers.breaker import BREAKER_GAUGE, BreakerState
+from kvoffload.tiers.costs import CPU_TIER, LatencyHistogram, LoadDecider, LoadPlan
 from kvoffload.tiers.settings import (
     BENIGN_REASONS,
     SecondaryTier,
@@ -104,6 +105,11 @@ class TieringManager(TierWrites, OffloadingManager):
         negative_ttl_s: how long a failed read keeps its key from being promoted from that
             tier again (``inf``: until a put of it succeeds there). Write-through never puts
             a block the tier already holds, so a verdict that never expired would strand it.
+        block_tokens / prefill_tokens_per_s / decide: the load-or-recompute decision
+            (:class:`~kvoffload.tiers.costs.LoadDecider`): ``lookup_prefix`` promotes only the
+            hit blocks whose reads beat recomputing them. ``decide=None`` turns it on once
+            ``block_tokens`` and the prefill speed (given here or by :meth:`observe_prefill`)
+            are known.
     """
 
     def __init__(
@@ -117,6 +123,9 @@ class TieringManager(TierWrites, OffloadingManager):
         max_negative: int = 65536,
         write_back_wait_s: float = 0.05,
         negative_ttl_s: float = 10.0,
+        block_tokens: int | None = None,
+        prefill_tokens_per_s: float | None = None,
+        decide: bool | None = None,
     ) -> None:
         if not isinstance(cpu, CPUOffloadingManager):
             raise TypeError(f"cpu must be a CPUOffloadingManager, got {type(cpu).__name__}")
@@ -151,6 +160,12 @@ class TieringManager(TierWrites, OffloadingManager):
             if seen[label] > 1:
                 label = f"{label}#{i}"
             self._tiers.append(_TierState(spec, label, clock, cpu.num_blocks))
+        self.costs = LoadDecider(
+            [st.costs for st in self._tiers],
+            block_tokens=block_tokens,
+            prefill_tokens_per_s=prefill_tokens_per_s,
+            decide=decide,
+        )
         self._slots: dict[OffloadKey, int] = {}  # CPU-resident keys -> slot (mirror of cpu)
         self._pending: dict[OffloadKey, ReqContext] = {}  # CPU stores in flight -> owner
         self._promoting: dict[OffloadKey, int] = {}  # key -> tier index of its promotion
@@ -208,6 +223,40 @@ class TieringManager(TierWrites, OffloadingManager):
         """Blocks being promoted into the CPU tier (queued or read): they read ``HIT_PENDING``."""
         return len(self._promoting)
 
+    def observe_prefill(self, tokens: int, seconds: float) -> None:
+        """The engine's measured prefill of ``tokens`` tokens in ``seconds`` (feeds the plan)."""
+        self.costs.observe_prefill(tokens, seconds)
+
+    def observe_cpu_load(self, blocks: int, nbytes: int, seconds: float) -> None:
+        """A measured CPU->device load of ``blocks`` blocks (the CPU tier's cost and benefit)."""
+        self.costs.record_read(CPU_TIER, blocks, nbytes, seconds)
+
+    def latency_histograms(self) -> dict[str, Mapping[str, LatencyHistogram]]:
+        """Per tier label (and ``"cpu"``): its lookup, load, promotion and store histograms."""
+        out: dict[str, Mapping[str, LatencyHistogram]] = {
+            st.label: st.costs.histograms for st in self._tiers
+        }
+        out["cpu"] = {"load": self.costs.cpu.histograms["load"]}
+        return out
+
+    def note_overdue(self, ctx: ReqContext) -> int:
+        """``ctx`` stopped waiting for its reads: each one still in flight has taken at least
+        its age so far, which the tier's estimate learns now (a lower bound) rather than only
+        when it completes. Returns how many reads were noted."""
+        now, noted = time.monotonic(), 0
+        for st in self._tiers:
+            for job in st.jobs.values():
+                if job.ctx is ctx and job.kind is JobKind.GET and job.submitted and not job.overdue:
+                    job.overdue = True
+                    st.costs.read.observe(job.nbytes, now - job.submitted)
+                    noted += 1
+        return noted
+
+    def request_plan(self, ctx: ReqContext) -> LoadPlan | None:
+        """The plan of ``ctx``'s last :meth:`lookup_prefix` (``None``: no decision was made)."""
+        state = ctx.get_state(_RequestState)
+        return state.plan if state is not None else None
+
     def cpu_slot(self, key: OffloadKey) -> int | None:
         """The CPU slot of a resident key (ready or pending), else ``None``."""
         return self._slots.get(key)
@@ -257,7 +306,9 @@ class TieringManager(TierWrites, OffloadingManager):
                 continue
             asked = [keys[i] for i in todo]
             st.counters["lookups"] += len(asked)
+            began = time.monotonic()
             presence = st.tier.contains(asked)
+            st.costs.histograms["lookup"].observe(time.monotonic() - began)
             left = []
             for i, verdict in zip(todo, presence, strict=True):
                 if verdict is Presence.HIT and not self._refused(st, keys[i]):
@@ -393,21 +444,37 @@ class TieringManager(TierWrites, OffloadingManager):
         promote: list[OffloadKey] = []
         promote_at: list[int] = []
         tiers: list[int] = []
+        hit_tiers: list[int] = []  # the tier of each prefix block (CPU_TIER: resident)
         stop = len(keys)
         end = _MISS  # the verdict of the key that ends the prefix
         for i, key in enumerate(keys):
             if key in self._slots:
+                hit_tiers.append(CPU_TIER)
                 continue
             verdict, index = located.get(key, (_MISS, -1))
             if key in promote:  # a repeated key: already part of the prefix
+                hit_tiers.append(tiers[promote.index(key)])
                 continue
             if verdict is _HIT:
                 promote.append(key)
                 promote_at.append(i)
                 tiers.append(index)
+                hit_tiers.append(index)
                 continue
             stop, end = i, verdict
             break
+        chosen = False
+        state = _request_state(owner)
+        if hit_tiers and owner.prompt_tokens and self.costs.enabled:
+            # A driver asks again while its promotions land: its choice is counted once.
+            plan = self.costs.plan(
+                hit_tiers, owner.prompt_tokens, self.slot_bytes, count=state.plan is None
+            )
+            state.plan = plan
+            if plan.load_blocks < len(hit_tiers):  # the rest is recomputed sooner than read
+                stop, end, chosen = plan.load_blocks, _MISS, True
+                keep = sum(1 for at in promote_at if at < stop)
+                promote, promote_at, tiers = promote[:keep], promote_at[:keep], tiers[:keep]
         if promote:
             kept = self._allocate(promote, tiers, owner, keys[:stop])
             if kept < len(promote):  # no room (or not admitted): the prefix ends there
@@ -417,7 +484,7 @@ class TieringManager(TierWrites, OffloadingManager):
             results[i] = self.cpu.lookup(keys[i], ctx)
         if stop < len(keys):
             results[stop] = end
-        if stop < len(keys) and results[stop] is _MISS:
+        if stop < len(keys) and results[stop] is _MISS and not chosen:
             self.cpu.lookup(
                 keys[stop], ctx
             )  # count the miss that ends the prefix, as a driver does
@@ -443,7 +510,13 @@ class TieringManager(TierWrites, OffloadingManager):
                     job_id = st.tier.submit_get(keys, slots, self._generation)
                     st.breaker.on_submit()
                     st.jobs[job_id] = _Job(
-                        JobKind.GET, keys, part[0][2], self._generation, nbytes, "promote"
+                        JobKind.GET,
+                        keys,
+                        part[0][2],
+                        self._generation,
+                        nbytes,
+                        "promote",
+                        submitted=time.monotonic(),
                     )
                     st.inflight_bytes += nbytes
 
@@ -495,6 +568,11 @@ class TieringManager(TierWrites, OffloadingManager):
     ) -> None:
         for key in job.keys:
             self._promoting.pop(key, None)
+        # A stale read still measured the tier (a request that stopped waiting for it, then
+        # a reset, must not leave its cost unknown); only a current one served tokens.
+        waited = time.monotonic() - job.submitted if job.submitted else None
+        served = 0 if stale else sum(result.ok)
+        self.costs.record_read(index, served, result.nbytes, result.seconds, waited)
         if stale:  # the CPU reset waits for this job, so its slots are still this job's
             self.cpu.complete_store(list(job.keys), job.ctx, success=False)
             self._forget_cpu(job.keys)
@@ -528,6 +606,7 @@ class TieringManager(TierWrites, OffloadingManager):
             self.cpu.complete_load(list(job.keys), job.ctx)  # the put's pin
         st.counters["bytes_written"] += result.nbytes
         st.counters["write_seconds"] += result.seconds
+        st.costs.histograms["store"].observe(result.seconds)
         st.counters["blocks_written"] += len(job.keys) - len(failed)
         st.counters["write_failures"] += len(failed)
         for i in failed:
@@ -702,6 +781,7 @@ class TieringManager(TierWrites, OffloadingManager):
             drops=dict(st.drops),
             dropped_blocks=sum(st.drops.values()),
         )
+        out.update(st.costs.as_dict())
         out.update({f"medium_{k}": v for k, v in st.tier.stats().items()})
         return out
 
@@ -714,6 +794,8 @@ class TieringManager(TierWrites, OffloadingManager):
                 **self._counters,
                 "generation": self._generation,
                 "resetting": int(self._resetting),
+                **self.costs.as_dict(),
+                **{f"cpu_{k}": v for k, v in self.costs.cpu.as_dict().items()},
             },
             tiers={st.label: self._tier_stats(st) for st in self._tiers},
         )

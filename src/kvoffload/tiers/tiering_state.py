@@ -15,6 +15,7 @@ from kvoffload.context import ReqContext
 from kvoffload.keys import OffloadKey
 from kvoffload.tiers.base import JobKind
 from kvoffload.tiers.breaker import CircuitBreaker
+from kvoffload.tiers.costs import LoadPlan, TierCosts
 from kvoffload.tiers.settings import SecondaryTier, WritePolicy
 
 
@@ -27,16 +28,19 @@ class TierJobState:
     nbytes: int
     purpose: str  # "promote", "write", "fill", "write_back"
     slots: tuple[int, ...] = ()  # a write-back's held victim slots (released on completion)
+    submitted: float = 0.0  # time.monotonic() at submit: a read's wait as the request sees it
+    overdue: bool = False  # a request stopped waiting for it (its age was observed then)
 
 
 class RequestState:
     """Per-request tiering state kept in the request's ``ReqContext``."""
 
-    __slots__ = ("retries", "seen")
+    __slots__ = ("plan", "retries", "seen")
 
     def __init__(self) -> None:
         self.retries: dict[OffloadKey, int] = {}
         self.seen: dict[OffloadKey, None] = {}  # this pass's CPU-resident prefix, in order
+        self.plan: LoadPlan | None = None  # the last lookup_prefix's load-or-recompute plan
 
 
 def request_state(ctx: ReqContext) -> RequestState:
@@ -95,6 +99,7 @@ class TierState:
         self.write_backs = 0  # evicted blocks whose write here is in flight
         self.counters: dict[str, float] = dict.fromkeys(TIER_COUNTERS, 0)
         self.drops: Counter[str] = Counter()
+        self.costs = TierCosts()
 
     def room(self, slot_bytes: int) -> int | None:
         """Blocks that still fit under the in-flight bound (``None``: no bound)."""

@@ -1,0 +1,74 @@
+"""The facade's lookup never waits on a tier past the plan's deadline plus its margin."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from transfer_helpers import make_caches  # noqa: E402
+
+from kvoffload.keys import hash_token_blocks  # noqa: E402
+from kvoffload.offloader import KVOffloader  # noqa: E402
+
+TOKENS = 4  # tokens per device block in make_caches
+PER_SLOT = 2 * 2 * TOKENS * 2 * 4 * 2  # layers * (K, V) * tokens * heads * head_size * fp16
+SLOW = "kvoffload.testing.slow_tier:SlowMemoryTier"
+
+
+def _offloader(delay_s: float, **kw: object) -> KVOffloader:
+    caches = make_caches("kv_first", torch.float16, layers=2, blocks=32, seed=3)
+    tiers = [{"type": SLOW, "capacity_bytes": 64 * PER_SLOT, "delay_s": delay_s}]
+    return KVOffloader(caches, cpu_bytes=8 * PER_SLOT, tiers=tiers, tier_wait_s=5.0, **kw)
+
+
+def _warm_tier(off: KVOffloader, hashes: list[bytes]) -> None:
+    off.store(hashes, list(range(len(hashes))))
+    off.flush()
+    off.reset()  # the CPU forgets; the slow tier keeps them
+
+
+def test_lookup_stops_waiting_at_the_plan_deadline_plus_margin() -> None:
+    # 6 blocks of 4 tokens at 1,000 tokens/s: recomputing the prompt takes about 25 ms, so a
+    # tier whose reads take 0.6 s is never waited for that long, even on its (fast) prior.
+    off = _offloader(0.6, prefill_tokens_per_s=1000.0)
+    hashes = hash_token_blocks(list(range(6 * TOKENS)), TOKENS)
+    _warm_tier(off, hashes)
+    ctx = off.begin_request("r")
+    began = time.monotonic()
+    hits = off.lookup(hashes, ctx=ctx, num_tokens=6 * TOKENS + 1)
+    waited = time.monotonic() - began
+    plan = off.manager.request_plan(ctx)  # type: ignore[attr-defined]
+    assert plan is not None and plan.load_blocks == 6  # the prior says: load them all
+    bound = plan.deadline_s + off.decision_margin(plan.deadline_s)
+    assert bound < 0.05
+    assert hits == 0  # the reads were not back by the deadline: the prompt is recomputed
+    assert waited < 0.3  # far below the tier's 0.6 s and tier_wait_s (slack for a busy box)
+    (tier,) = off.stats().manager.tiers.values()  # type: ignore[union-attr]
+    assert tier["est_read_observations"] == 1  # the overdue read taught the tier's estimate
+    off.end_request(ctx)
+    off.close()
+
+
+def test_without_the_decision_lookup_waits_for_the_tier() -> None:
+    off = _offloader(0.2, decide=False, prefill_tokens_per_s=1000.0)
+    hashes = hash_token_blocks(list(range(6 * TOKENS)), TOKENS)
+    _warm_tier(off, hashes)
+    assert off.lookup(hashes, num_tokens=6 * TOKENS + 1) == 6
+    off.close()
+
+
+def test_cpu_loads_feed_the_cpu_tiers_estimate_and_benefit() -> None:
+    off = _offloader(0.0, prefill_tokens_per_s=1000.0)
+    hashes = hash_token_blocks(list(range(4 * TOKENS)), TOKENS)
+    off.store(hashes, [0, 1, 2, 3])
+    off.flush()
+    assert off.lookup(hashes, num_tokens=4 * TOKENS + 1) == 4
+    assert off.load(hashes, [8, 9, 10, 11]) == 4
+    tiering = off.stats().manager.tiering  # type: ignore[union-attr]
+    assert tiering["cpu_tokens_served"] == 4 * TOKENS
+    assert tiering["cpu_est_read_observations"] == 1
+    assert tiering["decide"] == 1
+    off.close()
