@@ -65,7 +65,7 @@ def test_readme_tiers_and_data_plane_example_restarts_warm_on_a_cpu() -> None:
 
 
 def test_readme_real_model_example_reuses_the_prefix() -> None:
-    pytest.importorskip("transformers", minversion="5")
+    pytest.importorskip("transformers", minversion="5.25")
     namespace: dict[str, object] = {}
     exec(compile(_block_with("PrefixCache"), "README.md", "exec"), namespace)
     warm = namespace["warm"]

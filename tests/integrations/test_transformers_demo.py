@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("transformers", minversion="5")  # 5.x: cache=
+pytest.importorskip("transformers", minversion="5.25")  # cache= (see the module)
 pytest.importorskip("torch")
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tiers"))

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("transformers", minversion="5")  # 5.x: cache=
+pytest.importorskip("transformers", minversion="5.25")  # cache= (see the module)
 pytest.importorskip("torch")
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "transformers.md"

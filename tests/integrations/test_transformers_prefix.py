@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("transformers", minversion="5")  # 5.x: cache=
+pytest.importorskip("transformers", minversion="5.25")  # cache= (see the module)
 torch = pytest.importorskip("torch")
 
 HERE = Path(__file__).resolve().parent

@@ -26,25 +26,45 @@ shape; one forward over the whole rest gives the same token with differences aro
 Limits: batch size 1 and one live sequence per :class:`PrefixCache` (the buffers hold one
 sequence; a new request reuses them); full-attention decoder layers only (no sliding window
 or linear attention); generated tokens are not offloaded (only the prompt's full blocks).
-Needs ``transformers>=5,<6`` (``pip install 'kvoffload[hf]'``): 5.x passes the cache as
-``cache=`` and derives positions from its length.
+Needs ``transformers>=5.25,<6`` (``pip install 'kvoffload[hf]'``): these releases take the
+cache as ``cache=`` and derive positions from its length; earlier 5.x releases (5.20, which
+vLLM 0.33/0.34 environments pin) reject ``cache=``, so importing this module there fails with
+one line saying so.
 """
 
 from __future__ import annotations
 
 import hashlib
 import math
+import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+import transformers
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from kvoffload.context import ReqContext
 from kvoffload.offloader import KVOffloader, OffloaderStats
+
+#: The transformers releases this module is tested with (it passes the cache as ``cache=``).
+TESTED_TRANSFORMERS = ((5, 25), (6, 0))
+
+
+def _release(version: str) -> tuple[int, int]:
+    found = re.match(r"(\d+)\.(\d+)", version)
+    return (int(found.group(1)), int(found.group(2))) if found else (0, 0)
+
+
+if not TESTED_TRANSFORMERS[0] <= _release(transformers.__version__) < TESTED_TRANSFORMERS[1]:
+    raise ImportError(
+        f"kvoffload.integrations.transformers needs transformers>=5.25,<6, found "
+        f"{transformers.__version__} (earlier releases do not take the cache as cache=): "
+        "pip install 'kvoffload[hf]'"
+    )
 
 
 def model_identity(model: Any) -> str:
