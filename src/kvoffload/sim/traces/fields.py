@@ -6,7 +6,7 @@ import math
 from collections.abc import Hashable
 from typing import Any
 
-from kvoffload.sim.traces.base import BadRecord
+from kvoffload.sim.traces.base import BadRecord, TraceRecord
 
 
 def require(obj: dict[str, Any], name: str) -> Any:
@@ -68,4 +68,25 @@ def optional_str(obj: dict[str, Any], name: str) -> str | None:
     return str(value)
 
 
-__all__ = ["as_block_ids", "as_int", "as_time", "optional_str", "optional_time", "require"]
+__all__ = [
+    "as_block_ids",
+    "as_int",
+    "as_time",
+    "optional_str",
+    "optional_time",
+    "record_with_hints",
+    "require",
+]
+
+
+def record_with_hints(obj: dict[str, Any], ids: list[Hashable], input_length: Any) -> TraceRecord:
+    """A record of ``ids`` with the optional fields every hash-list format shares."""
+    return TraceRecord(
+        ids,
+        optional_time(obj, "timestamp"),
+        None if input_length is None else as_int(input_length, "input_length", 1),
+        as_int(obj.get("output_length", 0), "output_length", 0),
+        optional_str(obj, "request_id"),
+        optional_str(obj, "session_id"),
+        optional_str(obj, "category"),
+    )

@@ -9,13 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from kvoffload.sim.traces.base import ReaderState, TraceFormat, TraceRecord
-from kvoffload.sim.traces.fields import (
-    as_block_ids,
-    as_int,
-    optional_str,
-    optional_time,
-    require,
-)
+from kvoffload.sim.traces.fields import as_block_ids, record_with_hints, require
 
 
 class HashIdsFormat(TraceFormat):
@@ -29,12 +23,4 @@ class HashIdsFormat(TraceFormat):
     def parse(self, obj: dict[str, Any], state: ReaderState) -> TraceRecord:
         ids = as_block_ids(require(obj, "hash_ids"), "hash_ids")
         input_length = obj.get("input_length")
-        return TraceRecord(
-            ids,
-            optional_time(obj, "timestamp"),
-            None if input_length is None else as_int(input_length, "input_length", 1),
-            as_int(obj.get("output_length", 0), "output_length", 0),
-            optional_str(obj, "request_id"),
-            optional_str(obj, "session_id"),
-            optional_str(obj, "category"),
-        )
+        return record_with_hints(obj, ids, input_length)

@@ -15,7 +15,7 @@ from collections.abc import Hashable
 from typing import Any
 
 from kvoffload.sim.traces.base import BadRecord, ReaderState, TraceFormat, TraceRecord
-from kvoffload.sim.traces.fields import as_int, optional_str, optional_time, require
+from kvoffload.sim.traces.fields import as_int, record_with_hints, require
 
 
 class KeysHexFormat(TraceFormat):
@@ -44,12 +44,4 @@ class KeysHexFormat(TraceFormat):
         input_length = obj.get("input_length")
         if len(ids) != len(every):  # the length was of the keys as written, repeats included
             input_length = None
-        return TraceRecord(
-            ids,
-            optional_time(obj, "timestamp"),
-            None if input_length is None else as_int(input_length, "input_length", 1),
-            as_int(obj.get("output_length", 0), "output_length", 0),
-            optional_str(obj, "request_id"),
-            optional_str(obj, "session_id"),
-            optional_str(obj, "category"),
-        )
+        return record_with_hints(obj, ids, input_length)
