@@ -355,19 +355,26 @@ class KVOffloadStorage(HiCacheStorage):  # type: ignore[misc]
             slot for start in starts for slot in geometry.slots_of_page(self.mem_pool_host, start)
         ]
 
+    def _zero_copy(self, keys: list[str], host_indices: torch.Tensor, what: str) -> list[bool]:
+        """One job between the tier and SGLang's pool: a read (prefetch) or a write (backup)."""
+        if not keys:
+            return []
+        slots = self._host_slots(keys, host_indices)
+        ours = [piece for key in keys for piece in self._pieces(key)]
+        if what == "prefetch":
+            result = self._run(lambda tier: tier.submit_get(ours, slots))
+        else:
+            result = self._run(lambda tier: tier.submit_put(ours, slots))
+        self._record(what, len(keys), result)
+        return self._page_verdicts(result, len(keys))
+
     def batch_get_v1(
         self,
         keys: list[str],
         host_indices: torch.Tensor,
         extra_info: HiCacheStorageExtraInfo | None = None,
     ) -> list[bool]:
-        if not keys:
-            return []
-        slots = self._host_slots(keys, host_indices)
-        ours = [piece for key in keys for piece in self._pieces(key)]
-        result = self._run(lambda tier: tier.submit_get(ours, slots))
-        self._record("prefetch", len(keys), result)
-        return self._page_verdicts(result, len(keys))
+        return self._zero_copy(keys, host_indices, "prefetch")
 
     def batch_set_v1(
         self,
@@ -375,13 +382,7 @@ class KVOffloadStorage(HiCacheStorage):  # type: ignore[misc]
         host_indices: torch.Tensor,
         extra_info: HiCacheStorageExtraInfo | None = None,
     ) -> list[bool]:
-        if not keys:
-            return []
-        slots = self._host_slots(keys, host_indices)
-        ours = [piece for key in keys for piece in self._pieces(key)]
-        result = self._run(lambda tier: tier.submit_put(ours, slots))
-        self._record("backup", len(keys), result)
-        return self._page_verdicts(result, len(keys))
+        return self._zero_copy(keys, host_indices, "backup")
 
     # -- copying calls (SGLang's generic path) ----------------------------------------------
 
