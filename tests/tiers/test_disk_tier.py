@@ -13,7 +13,7 @@ from kvoffload.tiers import BytearraySlotMemory, Presence, Tier
 from kvoffload.tiers.disk import HEADER_BYTES, DiskTier
 from kvoffload.tiers.disk.io import FileLayer
 from kvoffload.tiers.disk.records import STAMP_BYTES
-from kvoffload.tiers.registry import available_tiers, get_tier_cls, register_tier
+from kvoffload.tiers.registry import TIER_REGISTRY, available_tiers, get_tier_cls, register_tier
 
 
 def _key(i: int) -> bytes:
@@ -275,8 +275,9 @@ def test_registry_loads_the_disk_tier_by_name_and_by_module_path() -> None:
     class Mine(DiskTier):
         name = "mine"
 
-    register_tier("mine-test", Mine)
-    assert get_tier_cls("mine-test") is Mine
+    with TIER_REGISTRY.snapshot():
+        register_tier("mine-test", Mine)
+        assert get_tier_cls("mine-test") is Mine
     with pytest.raises(ValueError, match="Unknown tier: 'nope'"):
         get_tier_cls("nope")
     with pytest.raises(ValueError, match="Did you mean 'disk'"):
@@ -285,6 +286,28 @@ def test_registry_loads_the_disk_tier_by_name_and_by_module_path() -> None:
         get_tier_cls("os:path")
     with pytest.raises(TypeError):
         register_tier("x", int)  # type: ignore[arg-type]
+
+
+def test_a_tier_name_registered_twice_is_refused_unless_replace_is_said() -> None:
+    """One duplicate rule for both registries: the policy registry's (refuse), not a silent swap."""
+
+    class First(DiskTier):
+        pass
+
+    class Second(DiskTier):
+        pass
+
+    with TIER_REGISTRY.snapshot():
+        register_tier("twice-test", First)
+        with pytest.raises(ValueError, match="'twice-test' is already registered"):
+            register_tier("twice-test", Second)
+        assert get_tier_cls("twice-test") is First
+        with pytest.raises(ValueError, match="already registered"):
+            register_tier("disk", Second)
+        assert get_tier_cls("disk") is DiskTier
+        register_tier("twice-test", Second, replace=True)
+        assert get_tier_cls("twice-test") is Second
+    assert "twice-test" not in available_tiers()
 
 
 def test_a_jobs_records_enter_the_policy_tail_first_whatever_thread_finishes_first(

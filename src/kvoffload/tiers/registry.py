@@ -29,13 +29,19 @@ TIER_REGISTRY.register(
 )
 
 
-def register_tier(name: str, cls: type[Tier]) -> None:
-    """Make ``cls`` loadable as ``name`` (a later registration of the same name replaces it)."""
+def register_tier(name: str, cls: type[Tier], *, replace: bool = False) -> None:
+    """Make ``cls`` loadable as ``name``.
+
+    A name registered already is a ``ValueError``, as for policies
+    (:class:`~kvoffload.registry.Registry`): two plug-ins claiming one name would otherwise
+    leave the later import silently serving. ``replace=True`` says the replacement is meant
+    (a test's stand-in, a plug-in reload).
+    """
     if not isinstance(name, str) or not name:
         raise TypeError(f"name must be a non-empty str, got {name!r}")
     if not (isinstance(cls, type) and issubclass(cls, Tier)):
         raise TypeError(f"cls must be a Tier subclass, got {cls!r}")
-    if name in TIER_REGISTRY.names():
+    if replace and name in TIER_REGISTRY:
         TIER_REGISTRY.unregister(name)
     TIER_REGISTRY.register(name, lambda: cls)
 
