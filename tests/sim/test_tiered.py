@@ -16,8 +16,9 @@ from kvoffload.sim.tier_config import (
     TIER_TYPES,
     MediumCost,
     load_seconds,
-    parse_tiers,
+    parse_sim_tiers,
     recompute_seconds,
+    simulated_write_policies,
 )
 from kvoffload.sim.tiered import tiered_replay
 from kvoffload.sim.workloads import WorkloadConfig, generate_workload
@@ -66,7 +67,7 @@ def default_workload() -> Trace:
 
 
 def config(trace: Trace, text: str, instances: int = 1):  # type: ignore[no-untyped-def]
-    return parse_tiers(text, trace.num_unique_blocks, trace.block_tokens, None, instances)
+    return parse_sim_tiers(text, trace.num_unique_blocks, trace.block_tokens, None, instances)
 
 
 def test_a_bigger_secondary_strictly_adds_hits(default_workload: Trace) -> None:
@@ -113,7 +114,7 @@ def test_time_saved_on_a_hand_computed_case() -> None:
         4,
         4,
     )
-    cfg = parse_tiers("cpu=2,disk=10", 4, 4)
+    cfg = parse_sim_tiers("cpu=2,disk=10", 4, 4)
     options = ReplayOptions(bytes_per_token=1e6, prefill_tokens_per_s=1000.0)
     result = tiered_replay(trace, cfg, "lru", options)
     assert result.tiers is not None
@@ -235,7 +236,7 @@ def test_write_back_secondaries_hold_what_the_cpu_evicted(default_workload: Trac
     """Written on CPU eviction, a secondary holds blocks the CPU does not: never fewer hits
     than write-through's copies of the CPU's blocks, and fewer writes of blocks still hot."""
     through = tiered_replay(default_workload, config(default_workload, "cpu=5%,disk=20%"), "lru")
-    back_cfg = parse_tiers(
+    back_cfg = parse_sim_tiers(
         "cpu=5%,disk=20%",
         default_workload.num_unique_blocks,
         default_workload.block_tokens,
@@ -246,4 +247,32 @@ def test_write_back_secondaries_hold_what_the_cpu_evicted(default_workload: Trac
     assert back.prefix_hit_blocks >= through.prefix_hit_blocks
     assert back.tiers["per_tier"][1]["hit_blocks"] > 0
     with pytest.raises(ValueError, match="tier-write-policy"):
-        parse_tiers("cpu=5%,disk=20%", 100, 16, write_policy="write_around")
+        parse_sim_tiers("cpu=5%,disk=20%", 100, 16, write_policy="write_around")
+
+
+def test_the_simulated_write_policies_are_the_tiering_managers_less_none() -> None:
+    """One list of write policies (``WritePolicy``): the simulator's and the CLI's follow it."""
+    from kvoffload.cli.main import build_parser
+    from kvoffload.tiers.settings import WritePolicy
+
+    assert simulated_write_policies() == ("write_through", "write_back", "selective")
+    assert set(simulated_write_policies()) == {p.value for p in WritePolicy} - {"none"}
+    with pytest.raises(ValueError, match="write_through, write_back, selective, got 'none'"):
+        parse_sim_tiers("cpu=5%,disk=20%", 100, 16, write_policy="none")
+    for policy in simulated_write_policies():
+        args = build_parser().parse_args(["simulate", "--tier-write-policy", policy])
+        assert args.tier_write_policy == policy
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["simulate", "--tier-write-policy", "none"])
+
+
+def test_the_simulators_old_tier_list_names_still_import_with_a_warning() -> None:
+    """``TierConfig`` / ``parse_tiers`` of ``sim.tier_config`` were documented; they warn now."""
+    from kvoffload.sim import tier_config
+
+    with pytest.warns(DeprecationWarning, match="parse_tiers is now parse_sim_tiers"):
+        assert tier_config.parse_tiers is parse_sim_tiers
+    with pytest.warns(DeprecationWarning, match="TierConfig is now SimTierList"):
+        assert tier_config.TierConfig is tier_config.SimTierList
+    with pytest.raises(AttributeError):
+        tier_config.NoSuchName  # noqa: B018

@@ -10,7 +10,7 @@ from typing import Any
 from kvoffload.cli.errors import UserError
 from kvoffload.sim.capacity import CAPACITY_HELP
 from kvoffload.sim.replay import REPLAY_MODES
-from kvoffload.sim.tier_config import TIERS_HELP
+from kvoffload.sim.tier_config import TIERS_HELP, simulated_write_policies
 from kvoffload.sim.traces import trace_format_choices
 
 
@@ -120,7 +120,7 @@ def add_tiers(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--tier-write-policy",
         default="write_through",
-        choices=("write_through", "write_back", "selective"),
+        choices=simulated_write_policies(),
         help="with --tiers: when the secondaries get the CPU's blocks: after each CPU store "
         "(write_through, the default), when the CPU evicts them (write_back), or on their "
         "second offer (selective)",

@@ -26,7 +26,7 @@ from kvoffload.sim.capacity import Capacity, parse_capacities
 from kvoffload.sim.plugins import AdmissionFactory
 from kvoffload.sim.records import Trace
 from kvoffload.sim.replay import PolicySpec, ReplayOptions
-from kvoffload.sim.tier_config import TieredCapacity, parse_tiers
+from kvoffload.sim.tier_config import TieredCapacity, parse_sim_tiers
 from kvoffload.sim.traces import load_trace
 from kvoffload.sim.windows import Measure
 from kvoffload.sim.workloads import WorkloadConfig, generate_workload
@@ -144,7 +144,7 @@ def tier_capacities(args: argparse.Namespace, trace: Trace) -> list[Capacity] | 
     out: list[Capacity] = []
     for text in specs:
         try:
-            config = parse_tiers(
+            config = parse_sim_tiers(
                 text,
                 trace.num_unique_blocks,
                 trace.block_tokens,

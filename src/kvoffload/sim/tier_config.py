@@ -11,10 +11,12 @@ assumptions (docs/simulator.md, "Multi-tier replay"); they are not measurements.
 from __future__ import annotations
 
 import difflib
+import warnings
 from dataclasses import dataclass
 
 from kvoffload._checks import check_int
 from kvoffload.sim.capacity import Capacity, parse_capacity
+from kvoffload.tiers.settings import WritePolicy
 
 
 @dataclass(frozen=True)
@@ -76,13 +78,14 @@ class SimTier:
         return self.capacity.blocks
 
 
-#: Write policies a simulated secondary can have (the TieringManager's, less ``none``).
-WRITE_POLICIES = ("write_through", "write_back", "selective")
-
-
 @dataclass(frozen=True)
-class TierConfig:
-    """A parsed ``--tiers`` value: the CPU tier, the secondaries, and how many instances."""
+class SimTierList:
+    """A parsed ``--tiers`` value: the CPU tier, the secondaries, and how many instances.
+
+    Not :class:`kvoffload.tiers.config.TierConfig` (one checked entry of a live ``tiers``
+    config, built into a real tier): this is a whole simulated tier list, capacities in blocks
+    of one trace, costs by tier type.
+    """
 
     text: str
     tiers: tuple[SimTier, ...]
@@ -91,9 +94,11 @@ class TierConfig:
     write_policy: str = "write_through"  # how every secondary gets the CPU's blocks
 
     def __post_init__(self) -> None:
-        if self.write_policy not in WRITE_POLICIES:
+        # The TieringManager's write policies, less ``none`` (a simulated secondary is written).
+        allowed = simulated_write_policies()
+        if self.write_policy not in allowed:
             raise ValueError(
-                f"--tier-write-policy must be one of {', '.join(WRITE_POLICIES)}, "
+                f"--tier-write-policy must be one of {', '.join(allowed)}, "
                 f"got {self.write_policy!r}"
             )
         check_int("--instances", self.instances, 1, why=" (engines sharing the remote tiers)")
@@ -112,6 +117,12 @@ class TierConfig:
         return self.text + (f" x{self.instances}" if self.instances > 1 else "")
 
 
+def simulated_write_policies() -> tuple[str, ...]:
+    """The :class:`~kvoffload.tiers.settings.WritePolicy` values a simulated secondary can have
+    (all but ``none``: a secondary nothing is written to serves no hit)."""
+    return tuple(p.value for p in WritePolicy if p is not WritePolicy.NONE)
+
+
 def _unknown_type(name: str, where: str) -> ValueError:
     close = difflib.get_close_matches(name, list(TIER_TYPES), n=1, cutoff=0.5)
     hint = f" (did you mean '{close[0]}'?)" if close else ""
@@ -120,7 +131,7 @@ def _unknown_type(name: str, where: str) -> ValueError:
     )
 
 
-def parse_tiers(
+def parse_sim_tiers(
     text: str,
     unique_blocks: int,
     block_tokens: int,
@@ -128,7 +139,7 @@ def parse_tiers(
     instances: int = 1,
     tier_policy: str = "lru",
     write_policy: str = "write_through",
-) -> TierConfig:
+) -> SimTierList:
     """Parse ``TYPE=CAPACITY,...`` for a trace; errors name the part that is wrong."""
     if not isinstance(text, str):
         raise TypeError(f"--tiers must be a string, got {type(text).__name__}")
@@ -161,17 +172,17 @@ def parse_tiers(
         labels[name] = labels.get(name, 0) + 1
         label = name if labels[name] == 1 else f"{name}#{labels[name]}"
         tiers.append(SimTier(TIER_TYPES[name], capacity, label))
-    return TierConfig(",".join(parts), tuple(tiers), instances, tier_policy, write_policy)
+    return SimTierList(",".join(parts), tuple(tiers), instances, tier_policy, write_policy)
 
 
 @dataclass(frozen=True)
 class TieredCapacity(Capacity):
     """A grid column that is a whole tier list (``blocks`` is its CPU tier's)."""
 
-    config: TierConfig | None = None
+    config: SimTierList | None = None
 
     @classmethod
-    def of(cls, config: TierConfig) -> TieredCapacity:
+    def of(cls, config: SimTierList) -> TieredCapacity:
         return cls(config.label, config.cpu.blocks, config)
 
 
@@ -196,6 +207,24 @@ def recompute_seconds(tokens: int, prefill_tokens_per_s: float) -> float:
     return tokens / prefill_tokens_per_s
 
 
+#: Names this module had before the simulator's tier list got a name of its own (the live
+#: config's ``TierConfig`` / ``parse_tiers`` in :mod:`kvoffload.tiers.config` are another
+#: concept): still importable, with a DeprecationWarning.
+_RENAMED = {"TierConfig": "SimTierList", "parse_tiers": "parse_sim_tiers"}
+
+
+def __getattr__(name: str) -> object:
+    if name in _RENAMED:
+        new = _RENAMED[name]
+        warnings.warn(
+            f"kvoffload.sim.tier_config.{name} is now {new}",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return globals()[new]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __all__ = [
     "DEFAULT_BYTES_PER_TOKEN",
     "DEFAULT_KV_GEOMETRY",
@@ -203,10 +232,11 @@ __all__ = [
     "TIER_TYPES",
     "MediumCost",
     "SimTier",
-    "TierConfig",
+    "SimTierList",
     "TierType",
     "TieredCapacity",
     "load_seconds",
-    "parse_tiers",
+    "parse_sim_tiers",
     "recompute_seconds",
+    "simulated_write_policies",
 ]

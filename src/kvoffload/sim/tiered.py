@@ -37,7 +37,7 @@ from kvoffload.sim.replay import (
 from kvoffload.sim.tier_config import (
     DEFAULT_BYTES_PER_TOKEN,
     TIER_TYPES,
-    TierConfig,
+    SimTierList,
     load_seconds,
     recompute_seconds,
 )
@@ -167,7 +167,7 @@ class _TieredReplayer:
     def __init__(
         self,
         trace: Trace,
-        config: TierConfig,
+        config: SimTierList,
         policy: PolicySpec,
         options: ReplayOptions,
         tier_policy: str,
@@ -386,7 +386,7 @@ def tier_report(
 
 def tiered_replay(
     trace: Trace,
-    config: TierConfig,
+    config: SimTierList,
     policy: PolicySpec | str = "lru",
     options: ReplayOptions | None = None,
     tier_policy: str | None = None,
