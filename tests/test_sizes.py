@@ -15,6 +15,7 @@ from kvoffload.tiers.config import parse_bytes
         ("4096", 4096),
         ("8GiB", 8 << 30),
         ("8gib", 8 << 30),
+        ("8GIB", 8 << 30),  # any case, as the simulator's capacities always took
         ("500MB", 500 * 10**6),
         (" 1.5 MiB ", 3 << 19),
         (".5KiB", 512),
@@ -43,8 +44,9 @@ def test_not_sizes_name_the_parameter_and_what_it_accepts(value: object, error: 
 def test_the_simulator_capacities_read_the_same_units() -> None:
     # One byte per block (512 tokens of 1/512 byte): the capacity in blocks is the bytes.
     for unit, factor in BYTE_UNITS.items():
-        blocks = parse_capacity(f"1{unit}", 10, 512, 1 / 512).blocks
-        assert blocks == factor, unit
+        for spelled in (unit, unit.lower(), unit.upper()):
+            blocks = parse_capacity(f"1{spelled}", 10, 512, 1 / 512).blocks
+            assert blocks == factor == parse_size("x", f"1{spelled}"), spelled
 
 
 def test_format_size() -> None:

@@ -31,7 +31,24 @@ BYTE_UNITS = {
 SIZE_ACCEPTS = (
     "bytes: an int or a size like '8GiB' (B, KB, MB, GB, TB decimal; KiB, MiB, GiB, TiB binary)"
 )
-_SIZE_RE = re.compile(r"^\s*(?P<num>\d+(?:\.\d*)?|\.\d+)\s*(?P<unit>[kKmMgGtT]?i?[bB])?\s*$")
+_SIZE_RE = re.compile(
+    r"^\s*(?P<num>\d+(?:\.\d*)?|\.\d+)\s*(?P<unit>[kmgt]?i?b)?\s*$", re.IGNORECASE
+)
+
+
+def exact_bytes(text: str, unit_required: bool = False) -> Fraction | None:
+    """The exact bytes ``text`` spells (``"1.5GiB"``), or None when it is not a size.
+
+    ``unit_required``: a bare number is not a size (the simulator's capacities read it as
+    blocks). Fractions stay: a caller that divides (bytes into blocks) rounds once, at the end.
+    """
+    match = _SIZE_RE.match(text)
+    if match is None or (unit_required and match["unit"] is None):
+        return None
+    unit = (match["unit"] or "B").upper()
+    if unit not in BYTE_UNITS:
+        return None
+    return Fraction(match["num"]) * BYTE_UNITS[unit]
 
 
 def parse_size(name: str, value: object, low: int | None = 0) -> int:
@@ -48,11 +65,10 @@ def parse_size(name: str, value: object, low: int | None = 0) -> int:
     if isinstance(value, (int, float)):
         size = int(value)
     else:
-        match = _SIZE_RE.match(str(value))
-        unit = (match["unit"] or "B").upper() if match else ""
-        if match is None or unit not in BYTE_UNITS:
+        exact = exact_bytes(value)
+        if exact is None:
             raise ValueError(f"{name} must be {accepts}; cannot read {value!r} as a size")
-        size = int(Fraction(match["num"]) * BYTE_UNITS[unit])
+        size = int(exact)
     if low is not None and size < low:
         raise ValueError(f"{name} must be {accepts}, got {value!r}")
     return size
@@ -68,4 +84,4 @@ def format_size(nbytes: float) -> str:
     return f"{value:.1f} TiB"  # unreachable: the loop returns at TiB
 
 
-__all__ = ["BYTE_UNITS", "SIZE_ACCEPTS", "format_size", "parse_size"]
+__all__ = ["BYTE_UNITS", "SIZE_ACCEPTS", "exact_bytes", "format_size", "parse_size"]

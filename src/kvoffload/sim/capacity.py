@@ -14,13 +14,12 @@ import re
 from dataclasses import dataclass
 from fractions import Fraction
 
-from kvoffload._sizes import BYTE_UNITS
+from kvoffload._sizes import exact_bytes
 
 _DECIMAL = {"": 1, "k": 10**3, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
 _NUMBER = r"(?P<num>\d+(?:\.\d*)?|\.\d+)"
 _PERCENT_RE = re.compile(rf"^{_NUMBER}\s*%$")
 _TOKENS_RE = re.compile(rf"^{_NUMBER}\s*(?P<mult>[kKMGT]?)\s*(?:tok|tokens)$")
-_BYTES_RE = re.compile(rf"^{_NUMBER}\s*(?P<unit>[kKMGT]?i?B)$", re.IGNORECASE)
 _BLOCKS_RE = re.compile(rf"^{_NUMBER}\s*(?P<mult>[kKMGT]?)\s*(?:blk|blocks)?$")
 
 CAPACITY_HELP = (
@@ -55,16 +54,13 @@ def parse_capacity(
     if match := _TOKENS_RE.match(spec):
         tokens = Fraction(match["num"]) * _DECIMAL[match["mult"]]
         return Capacity(spec, int(tokens // block_tokens))
-    if match := _BYTES_RE.match(spec):
-        unit = match["unit"].upper()
-        if unit not in BYTE_UNITS:
-            raise ValueError(f"capacity '{text}': unknown byte unit '{match['unit']}'")
+    # Bytes read by the one size parser (kvoffload._sizes), exactly: rounded once, to blocks.
+    if (total := exact_bytes(spec, unit_required=True)) is not None:
         if bytes_per_token is None or bytes_per_token <= 0:
             raise ValueError(
                 f"capacity '{text}' is in bytes: also give --bytes-per-token (the KV size of "
                 "one token: 2 * layers * kv_heads * head_dim * dtype bytes)"
             )
-        total = Fraction(match["num"]) * BYTE_UNITS[unit]
         return Capacity(spec, int(total // (Fraction(bytes_per_token) * block_tokens)))
     if match := _BLOCKS_RE.match(spec):
         blocks = Fraction(match["num"]) * _DECIMAL[match["mult"]]
