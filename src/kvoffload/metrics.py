@@ -424,8 +424,18 @@ class TieringCollector(_Member):
     def samples(self) -> Iterator[_Sample]:
         stats = self.manager.get_stats()
         p = f"{self.prefix}_tier"
-        for label, tier in stats.tiers.items():
+        # ``stats.tiers`` and ``manager.tiers`` list the secondaries in one order.
+        for (label, tier), medium in zip(stats.tiers.items(), self.manager.tiers, strict=True):
             one = {"tier": label}
+            # What the tier says of itself (a disk below its free-space floor, a Redis that
+            # lost its connection), apart from the breaker, which only counts failed jobs.
+            yield (
+                "gauge",
+                f"{p}_healthy",
+                "1 while the tier says it can serve (Tier.health()), else 0.",
+                one,
+                float(medium.health().ok),
+            )
             for name, (key, doc) in _TIER_COUNTERS.items():
                 yield "counter", f"{p}_{name}", doc, one, float(tier.get(key, 0))
             yield (

@@ -55,6 +55,7 @@ def test_two_engines_with_several_tiers_share_one_registry() -> None:
     assert _value(registry, "kvoffload_tier_used_bytes", engine="a", tier="t0") == 3 * SLOT
     assert _value(registry, "kvoffload_tier_capacity_bytes", engine="a", tier="t1") == 16 * SLOT
     assert _value(registry, "kvoffload_tier_breaker_state", engine="a", tier="t0") == 0
+    assert _value(registry, "kvoffload_tier_healthy", engine="a", tier="t0") == 1
     assert _value(registry, "kvoffload_tiering_resets_total", engine="a") == 1
     # The CPU tier is in the manager families with tier="cpu".
     assert _value(registry, "kvoffload_stored_blocks", engine="a", tier="cpu") == 3
@@ -170,3 +171,16 @@ def test_benefit_and_latency_histograms_are_exported_per_tier() -> None:
     assert saved == pytest.approx(32 / 1000.0)
     assert registry.get_sample_value("kvoffload_tier_tokens_served_total", {"tier": "cpu"}) == 32
     assert registry.get_sample_value("kvoffload_tiering_decide") == 1
+
+
+def test_a_tier_that_says_it_cannot_serve_reads_unhealthy() -> None:
+    """``Tier.health()`` is exported: a tier failing every key reads 0 before any job fails."""
+    registry = prometheus_client.CollectorRegistry()
+    manager, _, tiers = build(cpu_blocks=4, tier_blocks=(16, 16))
+    register_tiering_metrics(manager, registry, labels={"engine": "h"})
+    tiers[1].fail_all = "io_error"
+    assert _value(registry, "kvoffload_tier_healthy", engine="h", tier="t0") == 1
+    assert _value(registry, "kvoffload_tier_healthy", engine="h", tier="t1") == 0
+    assert _value(registry, "kvoffload_tier_breaker_state", engine="h", tier="t1") == 0
+    tiers[1].fail_all = None
+    assert _value(registry, "kvoffload_tier_healthy", engine="h", tier="t1") == 1

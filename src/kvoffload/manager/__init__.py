@@ -51,7 +51,6 @@ from kvoffload.manager.api import (
     LookupResult,
     OffloadingManager,
     OffloadingStats,
-    OffloadPolicy,
     PrepareStoreOutput,
     RequestOffloadingContext,
 )
@@ -67,7 +66,6 @@ __all__ = [
     "CPUOffloadingManager",
     "Counters",
     "LookupResult",
-    "OffloadPolicy",
     "OffloadingManager",
     "OffloadingStats",
     "PrepareStoreOutput",

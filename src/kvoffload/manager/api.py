@@ -26,18 +26,14 @@ class LookupResult(enum.Enum):
     RETRY = "retry"  # location unknown yet (async tiers); the CPU tier never returns it
 
 
-class OffloadPolicy(enum.Enum):
-    """Which blocks of a request a tier wants offered (vLLM's ``RequestOffloadingContext``)."""
-
-    CHUNK_LEVEL = "chunk_level"  # skip blocks that were prefix hits
-    REQUEST_LEVEL = "request_level"  # every block of the request
-
-
 @dataclass(frozen=True)
 class RequestOffloadingContext:
-    """What ``on_new_request`` returns: the tier's per-request preferences."""
+    """What ``on_new_request`` returns (vLLM's shape): no per-request preferences.
 
-    policy: OffloadPolicy = OffloadPolicy.CHUNK_LEVEL
+    vLLM's carries an ``OffloadPolicy`` (offer a request's every block, or skip its prefix
+    hits); nothing here read one (``prepare_store`` skips stored keys either way), so it is
+    not modelled.
+    """
 
 
 @dataclass(slots=True)
@@ -199,7 +195,6 @@ __all__ = [
     "BlockAccesses",
     "CPULoadStoreSpec",
     "LookupResult",
-    "OffloadPolicy",
     "OffloadingManager",
     "OffloadingStats",
     "PrepareStoreOutput",
