@@ -14,6 +14,7 @@ from kvoffload.policies.factory import (
     create_cache_policy,
     get_cache_policy_cls,
 )
+from kvoffload.policies.spec import PolicySpec
 from kvoffload.policies.switching import SwitchReport, switch_resident_set
 
 #: (name, module, class, one-line description). The description must equal the first line of
@@ -147,6 +148,7 @@ __all__ = [
     "CachePolicy",
     "CachePolicyFactory",
     "PolicyInfo",
+    "PolicySpec",
     "SwitchReport",
     "Victims",
     "available_cache_policies",

@@ -58,8 +58,8 @@ from kvoffload.policies.shadow import (
     ShadowEvaluator,
     copy_context,
     refresh_context,
-    split_candidate,
 )
+from kvoffload.policies.spec import PolicySpec
 from kvoffload.policies.switching import HistoryEntry, warm_switch
 
 logger = logging.getLogger(__name__)
@@ -102,28 +102,6 @@ class _Logged:
         self.copy = copy
 
 
-def _parse_candidates(candidates: object) -> list[CandidateSpec]:
-    if isinstance(candidates, str):
-        names = [name.strip() for name in candidates.split(",") if name.strip()]
-        if not names:
-            raise ValueError("candidates must name at least one policy, got an empty string")
-        return list(names)
-    if not isinstance(candidates, (list, tuple)):
-        raise TypeError(
-            "candidates must be a comma-separated string or a sequence of policy names / "
-            f"(name, params) pairs, got {type(candidates).__name__}"
-        )
-    out: list[CandidateSpec] = []
-    for spec in candidates:
-        name, params = split_candidate(spec)
-        if name == "auto":
-            raise ValueError("auto cannot be its own candidate")
-        out.append((name, params) if params else name)
-    if not out:
-        raise ValueError("candidates must name at least one policy")
-    return out
-
-
 class AutoCachePolicy(CachePolicy):
     """Picks a candidate by sampled shadows.
 
@@ -136,7 +114,7 @@ class AutoCachePolicy(CachePolicy):
     def __init__(
         self,
         cache_capacity: int,
-        candidates: str | Sequence[CandidateSpec] = DEFAULT_CANDIDATES,
+        candidates: str | Sequence[CandidateSpec | PolicySpec] = DEFAULT_CANDIDATES,
         sample_rate: float = 0.01,
         min_shadow_blocks: int = 1024,
         window: int = 100,
@@ -153,7 +131,9 @@ class AutoCachePolicy(CachePolicy):
         max_history: int | None = None,
     ) -> None:
         super().__init__(cache_capacity)
-        specs = _parse_candidates(candidates)
+        specs = PolicySpec.parse_list(candidates, "candidates")
+        if any(spec.name == "auto" for spec in specs):
+            raise ValueError("auto cannot be its own candidate")
         self.margin = check_number("margin", margin, 0.0, 1.0)
         self.relative_margin = check_number("relative_margin", relative_margin, 0.0, 10.0)
         self.patience = check_int("patience", patience, 1, 2**31)
@@ -178,9 +158,14 @@ class AutoCachePolicy(CachePolicy):
             self._history_limit = min(self._history_limit, self.max_history)
         self._log: deque[HistoryEntry] = deque()
         self._logged = 0
-        self._specs = [split_candidate(spec) for spec in specs]
+        self._specs = specs
         self._shadows = ShadowEvaluator(
-            cache_capacity, specs, sample_rate, min_shadow_blocks, window, decay
+            cache_capacity,
+            [spec.as_candidate() for spec in specs],
+            sample_rate,
+            min_shadow_blocks,
+            window,
+            decay,
         )
         self.candidate_names: tuple[str, ...] = tuple(self._shadows.names)
         self._last_timestamp: float | None = None  # the clock a switch hands the new policy
@@ -189,8 +174,8 @@ class AutoCachePolicy(CachePolicy):
         self._reset_choice()
 
     def _build(self, index: int) -> CachePolicy:
-        name, params = self._specs[index]
-        return create_cache_policy(name, self.cache_capacity, None, dict(params))
+        spec = self._specs[index]
+        return create_cache_policy(spec.name, self.cache_capacity, None, spec.param_dict)
 
     def _reset_choice(self) -> None:
         self._active_index = 0

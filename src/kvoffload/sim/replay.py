@@ -42,35 +42,13 @@ from kvoffload.admission import AdmissionFilter
 from kvoffload.context import ReqContext
 from kvoffload.keys import OffloadKey, int_key
 from kvoffload.manager import CPUOffloadingManager, LookupResult
+from kvoffload.policies.spec import PolicySpec
 from kvoffload.sim.drive import access_blocks
 from kvoffload.sim.hit_lengths import HitLengths, summarize_hit_lengths
 from kvoffload.sim.records import Trace, TraceRequest
 from kvoffload.sim.windows import HitRatios, Measure, WindowFigures, window_figures
 
 REPLAY_MODES = ("prefix", "blocks")
-
-
-@dataclass(frozen=True)
-class PolicySpec:
-    """Which policy to build: a registered name (or ``module:Class``), a module, params."""
-
-    name: str
-    module_path: str | None = None
-    params: tuple[tuple[str, Any], ...] = ()
-
-    @classmethod
-    def of(
-        cls, name: str, module_path: str | None = None, params: dict[str, Any] | None = None
-    ) -> PolicySpec:
-        """Build a spec from a params dict (kept as sorted pairs so the spec is hashable)."""
-        return cls(name, module_path, tuple(sorted((params or {}).items())))
-
-    @property
-    def label(self) -> str:
-        """Short display name: the policy name plus its parameters."""
-        if not self.params:
-            return self.name
-        return f"{self.name}({', '.join(f'{k}={v}' for k, v in self.params)})"
 
 
 @dataclass(frozen=True)
