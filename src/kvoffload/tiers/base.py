@@ -69,9 +69,10 @@ class TierCapabilities:
         shared: other writers (other engine instances) may add or remove records.
         persistent: records survive a restart of this process (``scan`` rebuilds the index).
         max_batch: most keys one job may carry (0: no limit).
-        max_value_bytes: largest record the tier accepts (0: no limit).
-        supports_delete: ``submit_delete`` removes records (otherwise it reports failure).
-        supports_ttl: records expire on their own (remote stores).
+        max_value_bytes: largest record the tier accepts (0: no limit); a tiering manager
+            refuses a tier whose host slots are larger (every put would fail).
+        supports_delete: ``submit_delete`` removes records (otherwise it reports failure;
+            the conformance suite then leaves its delete check out).
     """
 
     medium: Medium
@@ -80,7 +81,6 @@ class TierCapabilities:
     max_batch: int = 0
     max_value_bytes: int = 0
     supports_delete: bool = True
-    supports_ttl: bool = False
 
 
 @runtime_checkable

@@ -69,6 +69,14 @@ class SecondaryTier:
     def __post_init__(self) -> None:
         if not isinstance(self.tier, Tier):
             raise TypeError(f"tier must be a Tier, got {type(self.tier).__name__}")
+        # A tier that declares it cannot hold one block would fail every put: say so now.
+        limit = self.tier.capabilities.max_value_bytes
+        block = self.tier.memory.slot_bytes
+        if limit and block > limit:
+            raise ValueError(
+                f"tier {self.tier.name!r} takes records of at most {limit} bytes "
+                f"(capabilities.max_value_bytes), but a block is {block} bytes"
+            )
         check_tier_settings({name: getattr(self, name) for name in _SETTING_DEFAULTS})
         self.write_policy = WritePolicy(self.write_policy)
         if self.admission is not None and not isinstance(self.admission, AdmissionFilter):

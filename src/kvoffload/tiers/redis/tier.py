@@ -211,7 +211,6 @@ class RedisTier(RedisRecordIO, Tier):
             max_batch=0,
             max_value_bytes=max_value_bytes,
             supports_delete=True,
-            supports_ttl=ttl_ms > 0,
         )
         self._client = (
             client
