@@ -65,7 +65,7 @@ def parse_size(name: str, value: object, low: int | None = 0) -> int:
     if isinstance(value, (int, float)):
         size = int(value)
     else:
-        exact = exact_bytes(value)
+        exact = exact_bytes(str(value))
         if exact is None:
             raise ValueError(f"{name} must be {accepts}; cannot read {value!r} as a size")
         size = int(exact)
