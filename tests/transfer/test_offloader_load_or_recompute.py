@@ -47,8 +47,35 @@ def test_lookup_stops_waiting_at_the_plan_deadline_plus_margin() -> None:
     assert hits == 0  # the reads were not back by the deadline: the prompt is recomputed
     assert waited < 0.3  # far below the tier's 0.6 s and tier_wait_s (slack for a busy box)
     (tier,) = off.stats().manager.tiers.values()  # type: ignore[union-attr]
-    assert tier["est_read_observations"] == 1  # the overdue read taught the tier's estimate
+    assert tier["est_read_floor_s"] >= bound  # the overdue read taught the tier's estimate
     off.end_request(ctx)
+    off.close()
+
+
+def test_one_overdue_read_is_enough_the_next_request_does_not_wait() -> None:
+    # Two prefixes on a tier whose reads take 0.6 s. The first request waits its deadline;
+    # its read, still in flight, is a lower bound on the tier's cost at once, so the second
+    # request (another prefix, before that read completes) recomputes without waiting.
+    off = _offloader(0.6, prefill_tokens_per_s=1000.0)
+    first = hash_token_blocks(list(range(6 * TOKENS)), TOKENS)
+    second = hash_token_blocks(list(range(100, 100 + 6 * TOKENS)), TOKENS)
+    _warm_tier(off, first)
+    _warm_tier(off, second)
+    ctx = off.begin_request("a")
+    assert off.lookup(first, ctx=ctx, num_tokens=6 * TOKENS + 1) == 0
+    off.end_request(ctx)
+    ctx = off.begin_request("b")
+    began = time.monotonic()
+    assert off.lookup(second, ctx=ctx, num_tokens=6 * TOKENS + 1) == 0
+    waited = time.monotonic() - began
+    plan = off.manager.request_plan(ctx)  # type: ignore[attr-defined]
+    assert plan is not None and plan.load_blocks == 0  # recomputed by choice, not by deadline
+    assert waited < plan.recompute_s / 2
+    off.end_request(ctx)
+    off.reset()  # drains the first read: its completion restarts the estimate (>= the floor)
+    (tier,) = off.stats().manager.tiers.values()  # type: ignore[union-attr]
+    assert tier["est_read_observations"] == 1 and tier["est_read_floor_s"] == 0.0
+    assert off.manager.costs.tiers[0].read.predict(6 * PER_SLOT) > plan.recompute_s  # type: ignore[attr-defined]
     off.close()
 
 

@@ -241,14 +241,15 @@ class TieringManager(TierWrites, OffloadingManager):
 
     def note_overdue(self, ctx: ReqContext) -> int:
         """``ctx`` stopped waiting for its reads: each one still in flight has taken at least
-        its age so far, which the tier's estimate learns now (a lower bound) rather than only
-        when it completes. Returns how many reads were noted."""
+        its age so far, which the tier's estimate learns now, as a lower bound
+        (:meth:`~kvoffload.tiers.costs.LinearCost.observe_floor`), rather than only when it
+        completes: the next request already plans with it. Returns how many reads were noted."""
         now, noted = time.monotonic(), 0
         for st in self._tiers:
             for job in st.jobs.values():
                 if job.ctx is ctx and job.kind is JobKind.GET and job.submitted and not job.overdue:
                     job.overdue = True
-                    st.costs.read.observe(job.nbytes, now - job.submitted)
+                    st.costs.read.observe_floor(job.nbytes, now - job.submitted)
                     noted += 1
         return noted
 
