@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from kvoffload._checks import check_int, check_number
@@ -277,6 +277,9 @@ class LoadPlan:
     them. The seconds are the model's expectations: ``load_s`` for this plan's reads,
     ``expected_s`` for its time to first token, ``load_all_s`` and ``recompute_s`` for loading
     every hit block and for loading none (``expected_s`` is never above either).
+
+    ``probe``: read the blocks left to recompute anyway, in the background, to measure their
+    tiers again (see :class:`LoadDecider`); the request does not wait for those reads.
     """
 
     load_blocks: int
@@ -287,6 +290,7 @@ class LoadPlan:
     recompute_s: float
     blocks_by_tier: Mapping[int, int] = field(default_factory=dict)
     recomputed_by_tier: Mapping[int, int] = field(default_factory=dict)
+    probe: bool = False
 
     @property
     def deadline_s(self) -> float:
@@ -479,7 +483,11 @@ class LoadDecider:
 
     A tier judged slower than prefill is no longer read, so nothing would tell when it
     recovers: after ``probe_every`` plans in a row that recomputed its blocks, the next plan
-    loads the whole hit prefix once (a probe, counted per tier), and its read re-measures it.
+    is a probe (counted per tier): its request still recomputes what the plan says, and the
+    skipped blocks are read in the background, so their reads re-measure the tier without the
+    request waiting on a tier that may still be slow (the blocks then serve later requests).
+    The CPU tier cannot be read in the background (the engine's copy is the read): a probe
+    of its blocks loads the whole hit prefix in the foreground instead.
     """
 
     #: Plans in a row that skip a tier before one reads it again (the cost of staying current).
@@ -548,6 +556,11 @@ class LoadDecider:
             for c in skipped:
                 c.skips = 0
                 c.probes += 1
+            if CPU_TIER not in plan.recomputed_by_tier:
+                plan = replace(plan, probe=True)
+                for tier, n in plan.recomputed_by_tier.items():
+                    self.costs(tier).benefit.blocks_recomputed_by_choice += n
+                return plan
             return plan_load(  # no costs: every hit block is loaded
                 hit_tiers,
                 block_tokens=self.block_tokens,

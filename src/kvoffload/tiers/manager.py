@@ -474,12 +474,13 @@ class TieringManager(TierWrites, OffloadingManager):
             state.plan = plan
             if plan.load_blocks < len(hit_tiers):  # the rest is recomputed sooner than read
                 stop, end, chosen = plan.load_blocks, _MISS, True
-                keep = sum(1 for at in promote_at if at < stop)
-                promote, promote_at, tiers = promote[:keep], promote_at[:keep], tiers[:keep]
+                if not plan.probe:  # a probe reads them all; the request waits for none
+                    keep = sum(1 for at in promote_at if at < stop)
+                    promote, promote_at, tiers = promote[:keep], promote_at[:keep], tiers[:keep]
         if promote:
-            kept = self._allocate(promote, tiers, owner, keys[:stop])
-            if kept < len(promote):  # no room (or not admitted): the prefix ends there
-                stop, end = promote_at[kept], _MISS
+            kept = self._allocate(promote, tiers, owner, keys[: promote_at[-1] + 1])
+            if kept < len(promote) and promote_at[kept] < stop:  # no room (or not admitted)
+                stop, end = promote_at[kept], _MISS  # the prefix ends there
             self._flush()
         for i in range(stop):
             results[i] = self.cpu.lookup(keys[i], ctx)
