@@ -464,7 +464,8 @@ class TieringManager(TierWrites, OffloadingManager):
                 continue
             stop, end = i, verdict
             break
-        chosen = False
+        walked = stop  # the prefix found, before the plan cuts it
+        chosen = probe = False
         state = _request_state(owner)
         if hit_tiers and owner.prompt_tokens and self.costs.enabled:
             # A driver asks again while its promotions land: its choice is counted once.
@@ -472,13 +473,16 @@ class TieringManager(TierWrites, OffloadingManager):
                 hit_tiers, owner.prompt_tokens, self.slot_bytes, count=state.plan is None
             )
             state.plan = plan
+            probe = plan.probe
             if plan.load_blocks < len(hit_tiers):  # the rest is recomputed sooner than read
                 stop, end, chosen = plan.load_blocks, _MISS, True
-                if not plan.probe:  # a probe reads them all; the request waits for none
+                if not probe:  # a probe reads them all; the request waits for none
                     keep = sum(1 for at in promote_at if at < stop)
                     promote, promote_at, tiers = promote[:keep], promote_at[:keep], tiers[:keep]
         if promote:
-            kept = self._allocate(promote, tiers, owner, keys[: promote_at[-1] + 1])
+            # Offered with the prefix they extend (a probe's: all of it), so they evict none of it.
+            prefix = keys[:walked] if probe else keys[:stop]
+            kept = self._allocate(promote, tiers, owner, prefix)
             if kept < len(promote) and promote_at[kept] < stop:  # no room (or not admitted)
                 stop, end = promote_at[kept], _MISS  # the prefix ends there
             self._flush()
