@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from tier_helpers import FakeClock, key
 
@@ -160,3 +162,23 @@ def test_a_read_abandoned_by_a_reset_still_measures_the_tier_but_serves_nothing(
     assert stats["est_read_observations"] == 1 and stats["tokens_served"] == 0
     prior = tier_read_cost().predict(2 * SLOT)
     assert manager.costs.tiers[0].read.predict(2 * SLOT) > 1.5 * prior  # the slow read counted
+
+
+def test_the_slow_tiers_drain_waits_for_its_jobs_to_be_due() -> None:
+    # On the real clock a slow medium's drain blocks until its reads are done (the memory
+    # tier's completes them at once), so a manager waiting through drain sees its latency.
+    memory = BytearraySlotMemory(SLOT, 2)
+    tier = SlowMemoryTier(memory, 4 * SLOT, delay_s=0.0)
+    tier.submit_put([key(0)], [0])
+    assert tier.drain(1.0)
+    tier.poll()
+    tier.delay_s = 0.2
+    began = time.monotonic()
+    tier.submit_get([key(0)], [1])
+    assert not tier.drain(0.05)  # not due yet
+    assert tier.poll() == []
+    assert tier.drain(5.0)
+    assert 0.18 < time.monotonic() - began < 2.0
+    (result,) = tier.poll()
+    assert result.all_ok and result.seconds >= 0.18
+    tier.close()

@@ -11,7 +11,9 @@ torch = pytest.importorskip("torch")
 from transfer_helpers import make_caches  # noqa: E402
 
 from kvoffload.keys import hash_token_blocks  # noqa: E402
+from kvoffload.manager import LookupResult  # noqa: E402
 from kvoffload.offloader import KVOffloader  # noqa: E402
+from kvoffload.tiers.protocol import TieredManager  # noqa: E402
 
 TOKENS = 4  # tokens per device block in make_caches
 PER_SLOT = 2 * 2 * TOKENS * 2 * 4 * 2  # layers * (K, V) * tokens * heads * head_size * fp16
@@ -98,4 +100,40 @@ def test_cpu_loads_feed_the_cpu_tiers_estimate_and_benefit() -> None:
     assert tiering["cpu_tokens_served"] == 4 * TOKENS
     assert tiering["cpu_est_read_observations"] == 1
     assert tiering["decide"] == 1
+    off.close()
+
+
+def test_lookup_waits_for_its_own_reads_not_for_another_requests_slow_one() -> None:
+    # The facade blocks in the manager's wait(timeout, ctx) for the request's own promotions:
+    # another request's read of other blocks, still in flight for 1 s, does not hold it.
+    off = _offloader(0.0, decide=False)
+    mine = hash_token_blocks(list(range(2 * TOKENS)), TOKENS)
+    theirs = hash_token_blocks(list(range(100, 100 + 2 * TOKENS)), TOKENS)
+    _warm_tier(off, mine)
+    _warm_tier(off, theirs)
+    manager = off.manager
+    (tier,) = manager.tiers  # type: ignore[attr-defined]
+    tier.delay_s = 1.0  # their read, submitted now, takes 1 s
+    other = off.begin_request("other")
+    keys = off._chunk_keys(theirs, 0)
+    assert manager.lookup_prefix(keys, other)[0] is LookupResult.HIT_PENDING  # type: ignore[attr-defined]
+    tier.delay_s = 0.02  # ours takes 20 ms
+    ctx = off.begin_request("mine")
+    began = time.monotonic()
+    assert off.lookup(mine, ctx=ctx) == 2
+    assert time.monotonic() - began < 0.5
+    assert manager.promotions_in_flight() == 2  # type: ignore[attr-defined]
+    off.end_request(ctx)
+    off.end_request(other)
+    off.close()
+
+
+def test_the_facade_drives_a_tiering_manager_through_its_protocol() -> None:
+    off = _offloader(0.0)
+    assert isinstance(off.manager, TieredManager)
+    plain = KVOffloader(make_caches("kv_first", torch.float16, layers=2, blocks=8), 8 * PER_SLOT)
+    assert not isinstance(plain.manager, TieredManager)
+    hashes = hash_token_blocks(list(range(2 * TOKENS)), TOKENS)
+    assert plain.store(hashes, [0, 1]) == 2 and plain.lookup(hashes) == 2
+    plain.close()
     off.close()

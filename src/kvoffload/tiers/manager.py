@@ -349,9 +349,11 @@ class TieringManager(TierPromotions, OffloadingManager):
 
     poll = step
 
-    def wait(self, timeout: float) -> bool:
+    def wait(self, timeout: float, ctx: ReqContext | None = None) -> bool:
         """Step until no tier work is pending (promotions queued or jobs in flight, each
-        completion applied) or ``timeout`` seconds pass; True when none is left.
+        completion applied) or ``timeout`` seconds pass; True when none is left. With ``ctx``,
+        only its promotions count: the wait ends when they have landed, whatever else (other
+        requests' reads, writes) is still in flight.
 
         Why: a caller that must see a promotion or a write land (the synchronous facade, a
         test) waits on the tiers' own ``drain`` between steps instead of sleeping in a loop.
@@ -360,7 +362,7 @@ class TieringManager(TierPromotions, OffloadingManager):
         deadline = time.monotonic() + timeout
         while True:
             self.step()
-            if not self.has_pending_work():
+            if not (self.has_pending_work() if ctx is None else self._promoting_for(ctx)):
                 return True
             left = deadline - time.monotonic()
             if left <= 0:
@@ -368,6 +370,14 @@ class TieringManager(TierPromotions, OffloadingManager):
             for st in self._tiers:
                 if st.jobs:  # a short slice each, so every tier's completions are reaped
                     st.tier.drain(min(left, _WAIT_SLICE_S))
+
+    def _promoting_for(self, ctx: ReqContext) -> bool:
+        """Whether a promotion of ``ctx`` is queued or being read."""
+        return any(
+            any(item[2] is ctx for item in st.queue)
+            or any(job.ctx is ctx and job.kind is JobKind.GET for job in st.jobs.values())
+            for st in self._tiers
+        )
 
     def _end_pass(self, ctx: ReqContext) -> None:
         state = ctx.get_state(_RequestState)
