@@ -134,6 +134,7 @@ def summarize(results: dict[str, dict[str, Any]], args: argparse.Namespace) -> d
             "cpu_median": statistics.median(cpus),
             "cpu_p90": _pct(cpus, 0.9),
             "wall_sum": sum(walls),
+            "walls_ms": [round(1e3 * w, 1) for w in walls],
             "hit_tokens": sum(r["hit"] for r in res["rows"]),
             "recomputed_by_choice": res["tier"].get("blocks_recomputed_by_choice", 0),
             "probes": res["tier"].get("probes", 0),

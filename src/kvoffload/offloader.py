@@ -37,9 +37,13 @@ from kvoffload.layout import KVCacheLayout
 from kvoffload.manager import LookupResult, OffloadingManager, OffloadingStats
 from kvoffload.spec import OffloadingConfig, OffloadingSpec, OffloadingSpecFactory
 from kvoffload.tiers.costs import CPU_TIER, LoadDecider, prefill_cost
+from kvoffload.tiers.protocol import TieredManager
 from kvoffload.transfer.worker import LOAD, STORE, TransferResult, TransferWorker, as_int_list
 
 logger = logging.getLogger(__name__)
+
+#: How long ``lookup`` waits before asking again a tier that answered "not known yet".
+RETRY_BACKOFF_S = 0.001
 
 
 class TransferError(RuntimeError):
@@ -170,8 +174,13 @@ class KVOffloader:
                 raise
             raise ValueError(text.replace("config 'cpu_bytes_to_use'", "cpu_bytes")) from None
         self.blocks_per_chunk = spec.blocks_per_chunk
-        self._costs: LoadDecider | None = getattr(self.manager, "costs", None)
-        if self._costs is not None:  # a tiering manager: its blocks are this spec's chunks
+        #: The manager's tiered side, when it has secondary tiers (checked once, here).
+        self._tiered: TieredManager | None = (
+            self.manager if isinstance(self.manager, TieredManager) else None
+        )
+        self._costs: LoadDecider | None = None
+        if self._tiered is not None:  # its blocks are this spec's chunks
+            self._costs = self._tiered.costs
             self._costs.block_tokens = spec.tokens_per_chunk(0)
             self._costs.decide = decide
             if prefill_tokens_per_s is not None:
@@ -239,7 +248,7 @@ class KVOffloader:
         if num_tokens is not None:
             block_hashes = block_hashes[: self.max_hit_blocks(num_tokens, group)]
         keys = self._chunk_keys(block_hashes, group)
-        if hasattr(self.manager, "lookup_prefix"):
+        if self._tiered is not None:
             if num_tokens is not None and ctx is not None:
                 ctx.prompt_tokens = num_tokens  # what the plan weighs the reads against
             if num_tokens is not None and ctx is None:
@@ -286,16 +295,22 @@ class KVOffloader:
         The wait ends at ``tier_wait_s`` or, when the manager planned the request, at the
         plan's deadline plus :meth:`decision_margin`: past it recomputing would have been
         sooner, so no request waits on a tier longer than recomputing takes (plus the margin).
+        It blocks in the manager's :meth:`~kvoffload.tiers.protocol.TieredManager.wait` for
+        the request's own reads first, then (a block another request promotes) for all tier
+        work; a tier that answered "not known yet" (``RETRY``) is asked again
+        :data:`RETRY_BACKOFF_S` later (the manager bounds how often).
         """
-        manager: Any = self.manager
+        tiered = self._tiered
+        assert tiered is not None
         start = time.monotonic()
         deadline = start + self.tier_wait_s
-        planned = bounded = False
+        planned = bounded = settled = False
+        scope = ctx  # whose reads to wait for: this request's first, then everyone's
         while True:
-            results = manager.lookup_prefix(keys, ctx)
+            results = tiered.lookup_prefix(keys, ctx)
             if not planned and ctx is not None:
                 planned = True
-                plan = manager.request_plan(ctx)
+                plan = tiered.request_plan(ctx)
                 if plan is not None:
                     bounded = True
                     bound = plan.deadline_s + self.decision_margin(plan.deadline_s)
@@ -307,20 +322,23 @@ class KVOffloader:
                 LookupResult.HIT_PENDING,
                 LookupResult.RETRY,
             )
-            if not waiting or time.monotonic() >= deadline:
+            left = deadline - time.monotonic()
+            if not waiting or settled or left <= 0:
                 if waiting and bounded and ctx is not None:
-                    manager.note_overdue(ctx)  # the tier learns it was too slow
+                    tiered.note_overdue(ctx)  # the tier learns it was too slow
                 return hits
             if results[hits] is LookupResult.RETRY:  # a remote tier's answer is on its way
-                time.sleep(0.001)
+                time.sleep(min(left, RETRY_BACKOFF_S))
                 self._reap()
                 continue
-            # HIT_PENDING: a promotion (or one of our background stores) is landing.
-            while time.monotonic() < deadline:
+            if self._stores:  # HIT_PENDING: perhaps one of our own background stores
+                self.worker.wait(list(self._stores))
                 self._reap()
-                if not manager.promotions_in_flight() and not self._stores:
-                    break
-                time.sleep(0.0002)
+                continue
+            # HIT_PENDING: a promotion is landing. Nothing left in flight at all (and still
+            # pending) means no tier work will complete it: stop waiting.
+            settled = tiered.wait(left, scope) and scope is None
+            scope = None
 
     def load(
         self,
@@ -448,12 +466,8 @@ class KVOffloader:
         self.worker.wait(list(self._stores))
         self._reap()
         self._raise_if_failing()
-        has_work = getattr(self.manager, "has_pending_work", None)
-        if has_work is None or not hasattr(self.manager, "step"):
-            return
-        deadline = time.monotonic() + tier_timeout_s
-        while has_work() and time.monotonic() < deadline:
-            time.sleep(0.0005)
+        if self._tiered is not None:
+            self._tiered.wait(tier_timeout_s)
             self._reap()
 
     def reset(self) -> None:
@@ -520,9 +534,8 @@ class KVOffloader:
                 self._failed_in_a_row += 1
                 self._last_store_error = f"store job {result.job_id} failed: {result.error}"
                 logger.warning("%s", self._last_store_error)
-        step = getattr(self.manager, "step", None)
-        if step is not None:
-            step()
+        if self._tiered is not None:
+            self._tiered.step()
         return {r.job_id: r for r in results}
 
     def _holds_slots(self) -> bool:

@@ -236,3 +236,48 @@ def test_bad_estimate_inputs_are_named():
         LinearCost(0.0, 1.0, prior_units=1.0, clip=1.0)
     with pytest.raises(TypeError, match="fixed_s"):
         LinearCost("1", 1.0, prior_units=1.0)
+
+
+def test_the_prior_yields_to_the_first_observation():
+    # A tier far slower than the 1 ms / 1 GB/s prior: its first read is believed at once
+    # (unclipped, the prior halved), not one clipped step of 4x at a time.
+    est = tier_read_cost()
+    est.observe(3 << 20, 0.69)
+    assert est.predict(3 << 20) > 0.6
+    assert est.predict(3 << 20) < 0.69 * 1.01
+
+
+def test_a_floor_above_the_estimate_holds_every_prediction_until_a_completion_restarts_it():
+    est = tier_read_cost(fixed_s=1e-3, bytes_per_s=2e9)
+    for _ in range(200):  # a learned, fast tier
+        est.observe(4 << 20, 1e-3 + (4 << 20) / 2e9)
+    assert not est.observe_floor(4 << 20, 1e-4)  # below the estimate: nothing learned
+    assert est.floor_s == 0.0
+    assert est.observe_floor(4 << 20, 0.4)  # a read has run 0.4 s and is not done
+    assert est.predict(4 << 20) >= 0.4
+    assert est.predict(1) >= 0.4  # a smaller read of the same tier is not assumed quicker
+    assert est.as_dict()["floor_s"] == 0.4
+    assert est.observations == 200  # a floor is not a completed job
+    est.observe(4 << 20, 0.7)  # it completes: the line restarts from it, unclipped
+    assert est.floor_s == 0.0
+    assert 0.6 < est.predict(4 << 20) <= 0.7
+    est.observe(4 << 20, 0.7)
+    assert math.isclose(est.predict(4 << 20), 0.7, rel_tol=0.05)
+
+
+def test_the_tier_cost_never_expects_a_read_quicker_than_its_floor():
+    cost = TierCost(1e-3, 1e-9, queue_s=0.01, floor_s=0.5)
+    assert math.isclose(cost.read_seconds(1 << 20), 0.51)
+    assert cost.read_seconds(0) == 0.0
+
+
+def test_prefill_slope_comes_from_a_cold_prompt_and_warm_suffixes_not_the_prior():
+    # One full prefill and many short warm ones: the marginal cost per token is the
+    # difference over the tokens between them (what a load of those tokens saves), with the
+    # forward's fixed cost apart; the 2,000 tokens/s prior does not pull it.
+    est = prefill_cost()
+    est.observe(832, 0.35)
+    for _ in range(24):
+        est.observe(64, 0.03)
+    assert math.isclose(est.per_unit_s * 768, 0.32, rel_tol=0.03)
+    assert est.fixed_s > 0

@@ -4,6 +4,7 @@ slower than prefill (and one that slows down mid-run: change the attributes any 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -15,7 +16,10 @@ class SlowMemoryTier(MemoryTier):
     """:class:`MemoryTier` whose jobs complete ``delay_s + nbytes / bytes_per_s`` after submit.
 
     ``delay_s`` and ``bytes_per_s`` (``0``: unlimited) apply to jobs submitted after they
-    change. The data path is the memory tier's own; only completion is held back.
+    change. The data path is the memory tier's own; only completion is held back, by
+    :meth:`drain` too: on the real clock it blocks until its jobs are due (or ``timeout``),
+    as a slow medium's drain does, where the memory tier's completes them at once. (On an
+    injected clock it keeps the memory tier's drain: a test's time does not pass by itself.)
     """
 
     def __init__(
@@ -46,3 +50,20 @@ class SlowMemoryTier(MemoryTier):
     ) -> int:
         self._slow(len(keys))
         return super().submit_put(keys, slots, generation)
+
+    def drain(self, timeout: float) -> bool:
+        if self.stuck or self._clock is not time.monotonic:
+            return super().drain(timeout)
+        end = time.monotonic() + max(timeout, 0.0)
+        while True:
+            now = time.monotonic()
+            due = [p for p in self._jobs if p.ready_at <= now]
+            if due:
+                self._jobs = [p for p in self._jobs if p.ready_at > now]
+                for pending in due:
+                    self._complete(pending)
+            if not self._jobs:
+                return True
+            if now >= end:
+                return False
+            time.sleep(min(min(p.ready_at for p in self._jobs), end) - now)

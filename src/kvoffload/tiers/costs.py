@@ -4,13 +4,17 @@ Why: a block found in a tier is worth loading only if its bytes arrive before th
 recompute its tokens. Peers decide this with one static knob (a byte budget per step, a timeout
 formula, a minimum number of tokens); here the decision takes measured costs as inputs:
 
-* :class:`LinearCost` is a running estimate of ``seconds = fixed + per_unit * units`` from
-  completed work: a tier's reads (units are bytes, so ``1 / per_unit`` is its bandwidth and
-  ``fixed`` its per-job latency) or the engine's prefill (units are tokens). It starts from a
-  documented prior worth ``prior_weight`` observations, forgets old work geometrically
-  (``half_life`` observations) and clips each observation to within ``clip`` times of the
-  current prediction, so one stalled job moves the estimate by a bounded step, while a tier
-  that stays slow is believed after a few jobs.
+* :class:`LinearCost` is a running estimate of ``seconds = fixed + per_unit * units``
+  from completed work: a tier's reads (units are bytes, so ``1 / per_unit`` is its bandwidth
+  and ``fixed`` its per-job latency) or the engine's prefill (units are tokens, so the line
+  has the forward's fixed cost apart from the marginal cost per token). It starts from a
+  documented prior that yields to the first real observations (its weight halves with each
+  one), forgets old work geometrically (``half_life`` observations) and, once warm, clips
+  each observation to within ``clip`` times of the current prediction, so one stalled job
+  moves a learned estimate by a bounded step. A read still outstanding when its request
+  stopped waiting is a lower bound (:meth:`LinearCost.observe_floor`): above the estimate,
+  it holds every prediction up at once and restarts the line from that read's completion,
+  so a tier that slowed down costs one request, not one per clipped step.
 * :class:`QueueWait` is the same idea for the time a job waits before its tier starts it.
 * :func:`plan_load` is the rule: given the tier that holds each leading block of a request's
   hit prefix, choose how many leading blocks to load so that the expected time to first token
@@ -26,31 +30,66 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from kvoffload._checks import check_int, check_number
+from kvoffload.tiers.latency import LATENCY_KINDS, LatencyHistogram
 
 #: The prior for a tier nobody has measured yet: 1 ms per job and 1 GB/s, a cautious local disk.
 DEFAULT_TIER_FIXED_S = 1e-3
 DEFAULT_TIER_BYTES_PER_S = 1e9
 #: The prior for an engine's prefill before its first measured forward: 2,000 tokens per second.
 DEFAULT_PREFILL_TOKENS_PER_S = 2000.0
+#: The least weight the prior keeps (in observations): it only keeps a line defined while
+#: every observation has one size.
+PRIOR_WEIGHT_FLOOR = 1e-3
+#: The weight the past keeps when a floor restarts a line (the restarting job weighs 1).
+RESTART_WEIGHT = 1.0 / 16
 
 
 class LinearCost:
     """A running, outlier-bounded estimate of ``seconds = fixed + per_unit * units``.
 
     A weighted least-squares line over the observations, each weight decaying by half every
-    ``half_life`` observations. The prior is two pseudo-observations (at 0 units and at
-    ``prior_units``) of weight ``prior_weight / 2`` each, which also decay: after a few
-    ``half_life`` s the estimate is the tier's own. Before it is added, an observation's
-    seconds are clipped to ``[predicted / clip, predicted * clip]``, which bounds how far one
-    outlier moves the line. With all observations at one size the line's slope is undefined;
-    the prior's two points keep it defined (their weight never reaches zero).
+    ``half_life`` observations. Three rules make it learn a tier in one job yet not be fooled
+    by one stalled job:
+
+    * **The prior yields at once.** It is two pseudo-observations (at 0 units and at
+      ``prior_units``) worth ``prior_weight`` observations together, and its weight halves
+      with every real observation (down to :data:`PRIOR_WEIGHT_FLOOR`, which only keeps the
+      slope defined while every observation has one size): after one job the line is
+      mostly that job's, after a few it is the tier's own.
+    * **Outliers are bounded once warm.** The first ``warmup`` observations (since
+      construction or a restart) are taken as they are; later ones are clipped to
+      ``[predicted / clip, predicted * clip]``, so one stalled job moves a learned line by a
+      bounded step.
+    * **A floor restarts it.** :meth:`observe_floor` says a job of ``units`` has run for
+      ``seconds`` and is not done. When that exceeds the prediction, the line is wrong (the
+      tier slowed down): every prediction is at least ``seconds`` until a job completes, and
+      that completion restarts the line (the past keeps 1/16 of an observation's weight, the
+      warm-up begins again; it counts at least the floor, since the overdue job had run that
+      long already, whenever its tier reports it), so the next decision already weighs the
+      slow tier, and the ones after the completion its measured cost.
     """
 
-    __slots__ = ("_clip", "_decay", "_n", "_s1", "_sx", "_sxx", "_sxy", "_sy", "observations")
+    __slots__ = (
+        "_clip",
+        "_decay",
+        "_fresh",
+        "_p0",
+        "_p1",
+        "_prior_w",
+        "_s1",
+        "_stale",
+        "_sx",
+        "_sxx",
+        "_sxy",
+        "_sy",
+        "_warmup",
+        "floor_s",
+        "observations",
+    )
 
     def __init__(
         self,
@@ -58,9 +97,10 @@ class LinearCost:
         per_unit_s: float,
         *,
         prior_units: float,
-        prior_weight: float = 4.0,
+        prior_weight: float = 1.0,
         half_life: float = 32.0,
         clip: float = 4.0,
+        warmup: int = 3,
     ) -> None:
         fixed_s = check_number("fixed_s", fixed_s, 0.0)
         per_unit_s = check_number("per_unit_s", per_unit_s, 0.0, low_open=True)
@@ -68,12 +108,15 @@ class LinearCost:
         prior_weight = check_number("prior_weight", prior_weight, 0.0, low_open=True)
         half_life = check_number("half_life", half_life, 0.0, low_open=True)
         self._clip = check_number("clip", clip, 1.0, low_open=True)
+        self._warmup = check_int("warmup", warmup, 0)
         self._decay = 0.5 ** (1.0 / half_life)
         self._s1 = self._sx = self._sy = self._sxx = self._sxy = 0.0
-        self._n = 0.0
-        w = prior_weight / 2.0
-        self._add(0.0, fixed_s, w)
-        self._add(prior_units, fixed_s + per_unit_s * prior_units, w)
+        self._p0 = (0.0, fixed_s)
+        self._p1 = (prior_units, fixed_s + per_unit_s * prior_units)
+        self._prior_w = prior_weight / 2.0  # per pseudo-observation
+        self._fresh = 0  # observations since construction or the last restart
+        self._stale = False  # a floor above the line: the next completion restarts it
+        self.floor_s = 0.0  # every prediction is at least this until a job completes
         self.observations = 0
 
     def _add(self, x: float, y: float, w: float) -> None:
@@ -84,13 +127,20 @@ class LinearCost:
         self._sxy += w * x * y
 
     def _line(self) -> tuple[float, float]:
-        var = self._s1 * self._sxx - self._sx * self._sx
-        mean_x = self._sx / self._s1
-        mean_y = self._sy / self._s1
-        if var <= 1e-12 * max(self._s1 * self._sxx, 1e-300):
+        w = self._prior_w
+        (x0, y0), (x1, y1) = self._p0, self._p1
+        s1 = self._s1 + 2 * w
+        sx = self._sx + w * (x0 + x1)
+        sy = self._sy + w * (y0 + y1)
+        sxx = self._sxx + w * (x0 * x0 + x1 * x1)
+        sxy = self._sxy + w * (x0 * y0 + x1 * y1)
+        var = s1 * sxx - sx * sx
+        mean_x = sx / s1
+        mean_y = sy / s1
+        if var <= 1e-12 * max(s1 * sxx, 1e-300):
             slope = mean_y / mean_x if mean_x > 0 else 0.0
             return 0.0, max(slope, 0.0)
-        slope = (self._s1 * self._sxy - self._sx * self._sy) / var
+        slope = (s1 * sxy - sx * sy) / var
         slope = max(slope, 0.0)
         fixed = mean_y - slope * mean_x
         if fixed < 0.0:  # keep the line through the data's mean with no negative latency
@@ -113,15 +163,28 @@ class LinearCost:
         if units <= 0:
             return 0.0
         fixed, slope = self._line()
-        return fixed + slope * units
+        return max(fixed + slope * units, self.floor_s)
 
     def observe(self, units: float, seconds: float) -> None:
         """Add one completed job of ``units`` that took ``seconds`` (bad samples are ignored)."""
         if not (units > 0 and math.isfinite(units) and math.isfinite(seconds) and seconds >= 0):
             return
-        predicted = self.predict(units)
-        if predicted > 0:
-            seconds = min(max(seconds, predicted / self._clip), predicted * self._clip)
+        floor, self.floor_s = self.floor_s, 0.0
+        if self._stale:  # a floor proved the line wrong: this job starts it again
+            self._stale = False
+            seconds = max(seconds, floor)  # the overdue job had run that long already
+            keep = min(1.0, RESTART_WEIGHT / self._s1) if self._s1 > 0 else 1.0
+            self._s1 *= keep
+            self._sx *= keep
+            self._sy *= keep
+            self._sxx *= keep
+            self._sxy *= keep
+            self._prior_w = min(self._prior_w, RESTART_WEIGHT / 2)
+            self._fresh = 0
+        if self._fresh >= self._warmup:
+            predicted = self.predict(units)
+            if predicted > 0:
+                seconds = min(max(seconds, predicted / self._clip), predicted * self._clip)
         d = self._decay
         self._s1 *= d
         self._sx *= d
@@ -129,7 +192,21 @@ class LinearCost:
         self._sxx *= d
         self._sxy *= d
         self._add(units, seconds, 1.0)
+        self._prior_w = max(self._prior_w / 2.0, PRIOR_WEIGHT_FLOOR / 2)
+        self._fresh += 1
         self.observations += 1
+
+    def observe_floor(self, units: float, seconds: float) -> bool:
+        """A job of ``units`` has run ``seconds`` and is not done: a lower bound on its cost.
+
+        Returns True when it was above the prediction (the line then restarts with the
+        job's completion, and predicts at least ``seconds`` until then).
+        """
+        if not (units > 0 and math.isfinite(seconds)) or seconds <= self.predict(units):
+            return False
+        self.floor_s = seconds
+        self._stale = True
+        return True
 
     def as_dict(self) -> dict[str, float]:
         fixed, slope = self._line()
@@ -138,6 +215,7 @@ class LinearCost:
             "per_unit_s": slope,
             "units_per_s": (1.0 / slope) if slope > 0 else math.inf,
             "observations": float(self.observations),
+            "floor_s": self.floor_s,
         }
 
 
@@ -183,11 +261,12 @@ class TierCost:
     fixed_s: float
     seconds_per_byte: float
     queue_s: float = 0.0
+    floor_s: float = 0.0  # an overdue read's age: no read is expected to be quicker
 
     def read_seconds(self, nbytes: int) -> float:
         if nbytes <= 0:
             return 0.0
-        return self.queue_s + self.fixed_s + self.seconds_per_byte * nbytes
+        return self.queue_s + max(self.fixed_s + self.seconds_per_byte * nbytes, self.floor_s)
 
 
 @dataclass(frozen=True)
@@ -199,6 +278,9 @@ class LoadPlan:
     them. The seconds are the model's expectations: ``load_s`` for this plan's reads,
     ``expected_s`` for its time to first token, ``load_all_s`` and ``recompute_s`` for loading
     every hit block and for loading none (``expected_s`` is never above either).
+
+    ``probe``: read the blocks left to recompute anyway, in the background, to measure their
+    tiers again (see :class:`LoadDecider`); the request does not wait for those reads.
     """
 
     load_blocks: int
@@ -209,6 +291,7 @@ class LoadPlan:
     recompute_s: float
     blocks_by_tier: Mapping[int, int] = field(default_factory=dict)
     recomputed_by_tier: Mapping[int, int] = field(default_factory=dict)
+    probe: bool = False
 
     @property
     def deadline_s(self) -> float:
@@ -302,61 +385,8 @@ class TierBenefit:
         }
 
 
-#: Latency histogram bounds in seconds: 0.1 ms to 10 s, about x2.5 apart (what a local copy,
-#: a disk read, a network round trip and a stalled tier each land in).
-LATENCY_BUCKETS_S = (
-    1e-4,
-    2.5e-4,
-    5e-4,
-    1e-3,
-    2.5e-3,
-    5e-3,
-    1e-2,
-    2.5e-2,
-    5e-2,
-    0.1,
-    0.25,
-    0.5,
-    1.0,
-    2.5,
-    5.0,
-    10.0,
-)
-#: The operations each tier times: ``contains`` calls, read jobs (the tier's own time), reads
-#: from submit to reap (what a request waits for) and write jobs.
-LATENCY_KINDS = ("lookup", "load", "promotion", "store")
 #: The index :func:`plan_load` and :class:`LoadDecider` use for the CPU tier's blocks.
 CPU_TIER = -1
-
-
-class LatencyHistogram:
-    """Counts of observed seconds per bucket of :data:`LATENCY_BUCKETS_S` (Prometheus shape)."""
-
-    __slots__ = ("count", "counts", "sum")
-
-    def __init__(self) -> None:
-        self.counts = [0] * (len(LATENCY_BUCKETS_S) + 1)  # the last one is +Inf
-        self.sum = 0.0
-        self.count = 0
-
-    def observe(self, seconds: float) -> None:
-        if not (math.isfinite(seconds) and seconds >= 0):
-            return
-        i = 0
-        while i < len(LATENCY_BUCKETS_S) and seconds > LATENCY_BUCKETS_S[i]:
-            i += 1
-        self.counts[i] += 1
-        self.sum += seconds
-        self.count += 1
-
-    def cumulative(self) -> list[tuple[str, int]]:
-        """``(upper bound, observations at or below it)`` per bucket, ending with ``+Inf``."""
-        out: list[tuple[str, int]] = []
-        total = 0
-        for bound, n in zip((*map(repr, LATENCY_BUCKETS_S), "+Inf"), self.counts, strict=True):
-            total += n
-            out.append((bound, total))
-        return out
 
 
 class TierCosts:
@@ -373,7 +403,8 @@ class TierCosts:
         self.histograms = {kind: LatencyHistogram() for kind in LATENCY_KINDS}
 
     def cost(self) -> TierCost:
-        return TierCost(self.read.fixed_s, self.read.per_unit_s, self.queue.seconds)
+        read = self.read
+        return TierCost(read.fixed_s, read.per_unit_s, self.queue.seconds, read.floor_s)
 
     def as_dict(self) -> dict[str, Any]:
         read = self.read.as_dict()
@@ -382,6 +413,7 @@ class TierCosts:
             "est_read_fixed_s": read["fixed_s"],
             "est_read_bytes_per_s": read["units_per_s"],
             "est_read_observations": read["observations"],
+            "est_read_floor_s": read["floor_s"],
             "est_queue_s": self.queue.seconds,
             "probes": self.probes,
         }
@@ -399,7 +431,11 @@ class LoadDecider:
 
     A tier judged slower than prefill is no longer read, so nothing would tell when it
     recovers: after ``probe_every`` plans in a row that recomputed its blocks, the next plan
-    loads the whole hit prefix once (a probe, counted per tier), and its read re-measures it.
+    is a probe (counted per tier): its request still recomputes what the plan says, and the
+    skipped blocks are read in the background, so their reads re-measure the tier without the
+    request waiting on a tier that may still be slow (the blocks then serve later requests).
+    The CPU tier cannot be read in the background (the engine's copy is the read): a probe
+    of its blocks loads the whole hit prefix in the foreground instead.
     """
 
     #: Plans in a row that skip a tier before one reads it again (the cost of staying current).
@@ -468,6 +504,11 @@ class LoadDecider:
             for c in skipped:
                 c.skips = 0
                 c.probes += 1
+            if CPU_TIER not in plan.recomputed_by_tier:
+                plan = replace(plan, probe=True)
+                for tier, n in plan.recomputed_by_tier.items():
+                    self.costs(tier).benefit.blocks_recomputed_by_choice += n
+                return plan
             return plan_load(  # no costs: every hit block is loaded
                 hit_tiers,
                 block_tokens=self.block_tokens,
