@@ -433,11 +433,23 @@ class CPUOffloadingManager(OffloadingManager):
     ) -> PrepareStoreOutput | None:
         if type(keys) is not list:
             keys = key_list(keys, "prepare_store")
+        return self._reserve(keys, ctx, self._admission, "prepare_store")
+
+    def _reserve(
+        self,
+        keys: list[OffloadKey],
+        ctx: ReqContext,
+        admission: AdmissionFilter | None,
+        caller: str,
+    ) -> PrepareStoreOutput | None:
+        """Slots for the absent ``keys`` (a store, or a promotion without ``admission``);
+        every key offered is protected and accessed once."""
+        store = caller == "prepare_store"
         record = self._request_record(ctx)
         try:
             offered = set(keys)  # all protected from eviction (built anyway when evicting)
         except TypeError:
-            check_key_types(keys, "prepare_store")
+            check_key_types(keys, caller)
             raise
         if len(offered) != len(keys):  # a repeated key is offered once, at its first place
             keys = list(dict.fromkeys(keys))
@@ -462,13 +474,13 @@ class CPUOffloadingManager(OffloadingManager):
         else:
             absent = accessed = list(keys)
         if absent:
-            check_key_types(absent, "prepare_store")  # the keys that may enter the cache
+            check_key_types(absent, caller)  # the keys that may enter the cache
         to_store = absent
         counters = self._counters
         if self._recorder is not None:
             self._recorder.add_keys(ctx, keys)
-        if absent and self._admission is not None:
-            to_store = self._admission.admit(absent, ctx)
+        if absent and admission is not None:
+            to_store = admission.admit(absent, ctx)
             counters.admission_rejects += len(absent) - len(to_store)
 
         ledger = self._ledger
@@ -476,7 +488,7 @@ class CPUOffloadingManager(OffloadingManager):
         available = ledger.pool.num_evictable - protected_evictable
         if len(to_store) - num_free > available:
             if not self._partial_store or num_free + available <= 0:
-                counters.failed_allocations += 1
+                counters.failed_allocations += store
                 return None
             to_store = to_store[: num_free + available]
 
@@ -490,15 +502,16 @@ class CPUOffloadingManager(OffloadingManager):
             return PrepareStoreOutput([], CPULoadStoreSpec([], self._generation), [])
         evicted_keys = ledger.make_room(len(to_store), offered)
         if evicted_keys is None:
-            counters.failed_allocations += 1
+            counters.failed_allocations += store
             return None
         if evicted_keys:
             counters.evictions += len(evicted_keys)
             if self._enable_events:
                 self._events.append(OffloadingEvent(tuple(evicted_keys), removed=True))
         slots = list(map(_block_id, ledger.reserve(to_store, ctx)))
-        record.stores.update(to_store)
-        counters.stores_prepared += len(to_store)
+        if store:
+            record.stores.update(to_store)
+            counters.stores_prepared += len(to_store)
         return PrepareStoreOutput(to_store, CPULoadStoreSpec(slots, self._generation), evicted_keys)
 
     def complete_store(
@@ -558,6 +571,69 @@ class CPUOffloadingManager(OffloadingManager):
         else:
             ledger.fail(done)
             counters.stores_failed += len(done)
+
+    # ------------------------------------------------------- the face for secondary tiers
+    def slot_of(self, key: OffloadKey) -> int | None:
+        """The slot of a stored block (being written, ready or pinned), else ``None``."""
+        status = self._get(key)
+        return None if status is None else status.block_id
+
+    def stores_in_flight(self, keys: Iterable[OffloadKey], ctx: ReqContext) -> list[OffloadKey]:
+        """Which of ``keys`` (once each, in order) this request's stores are writing."""
+        stores = self._request_record(ctx).stores
+        return [key for key in dict.fromkeys(keys) if key in stores]
+
+    def reserve_promotion(
+        self, keys: Iterable[OffloadKey], ctx: ReqContext
+    ) -> PrepareStoreOutput | None:
+        """Slots for blocks a secondary tier will copy in (a promotion), as pending blocks.
+
+        As :meth:`prepare_store` (every key offered is protected and accessed once), but no
+        admission filter vetoes it (the block earned its place in a tier already) and it is
+        not a store (no ``stores_*`` or ``failed_allocations`` count; no ``complete_store``):
+        :meth:`complete_promotion` ends it. ``None``: no room (nothing changed).
+        """
+        keys = key_list(keys, "reserve_promotion")
+        return self._reserve(keys, ctx, None, "reserve_promotion")
+
+    def complete_promotion(self, keys: Iterable[OffloadKey], success: bool = True) -> None:
+        """The copies into slots :meth:`reserve_promotion` gave ended: the blocks are ready
+        (tail first, as stores complete), or gone with their slots free."""
+        self._check_entry()
+        keys = list(dict.fromkeys(key_list(keys, "complete_promotion")))
+        get = self._get
+        for key in keys:
+            status = get(key)
+            if status is None or status.ref_cnt != -1:
+                raise ValueError(
+                    f"complete_promotion: key {describe_key(key)} has no promotion in flight"
+                )
+        keys.reverse()
+        if not success:
+            self._ledger.fail(keys)
+            return
+        self._ledger.complete(keys)
+        if keys and self._enable_events:
+            keys.reverse()
+            self._events.append(OffloadingEvent(tuple(keys)))
+
+    def pin_copy(self, keys: Iterable[OffloadKey]) -> list[int]:
+        """Pin ready blocks while a tier copies them out; their slots. Not a load: no touch,
+        no ``loads`` count, no request (:meth:`unpin_copy` ends it)."""
+        self._check_entry()
+        keys = key_list(keys, "pin_copy")
+        statuses = [self._get(key) for key in keys]
+        for key, status in zip(keys, statuses, strict=True):
+            if status is None or status.ref_cnt < 0:
+                raise ValueError(f"pin_copy: key {describe_key(key)} is not stored and ready")
+        self._ledger.pin(keys, statuses)  # type: ignore[arg-type]
+        return [status.block_id for status in statuses]  # type: ignore[union-attr]
+
+    def unpin_copy(self, keys: Iterable[OffloadKey]) -> None:
+        """The copies :meth:`pin_copy` pinned for are done (tail first, as loads complete)."""
+        self._check_entry()
+        keys = key_list(keys, "unpin_copy")
+        self._ledger.unpin(list(reversed(keys)))
 
     def access_each(self, keys: Iterable[OffloadKey], ctx: ReqContext) -> BlockAccesses:
         """Each of ``keys`` as one independent access, in order, in one call (the simulator's

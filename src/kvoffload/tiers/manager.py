@@ -166,8 +166,6 @@ class TieringManager(TierWrites, OffloadingManager):
             prefill_tokens_per_s=prefill_tokens_per_s,
             decide=decide,
         )
-        self._slots: dict[OffloadKey, int] = {}  # CPU-resident keys -> slot (mirror of cpu)
-        self._pending: dict[OffloadKey, ReqContext] = {}  # CPU stores in flight -> owner
         self._promoting: dict[OffloadKey, int] = {}  # key -> tier index of its promotion
         self._write_back = [st for st in self._tiers if st.policy is WritePolicy.WRITE_BACK]
         self._reserve = max((st.reserve for st in self._write_back), default=0)
@@ -259,19 +257,13 @@ class TieringManager(TierWrites, OffloadingManager):
 
     def cpu_slot(self, key: OffloadKey) -> int | None:
         """The CPU slot of a resident key (ready or pending), else ``None``."""
-        return self._slots.get(key)
+        return self.cpu.slot_of(key)
 
     def _ctx(self, ctx: ReqContext | None) -> ReqContext:
         return ctx if ctx is not None else self._internal
 
     def _jobs_in_flight(self) -> bool:
         return any(st.jobs for st in self._tiers)
-
-    def _note_store(self, out: PrepareStoreOutput, ctx: ReqContext) -> None:
-        self._forget_cpu(out.evicted_keys)
-        for key, slot in zip(out.keys_to_store, out.store_spec.block_ids, strict=True):
-            self._slots[key] = slot
-            self._pending[key] = ctx
 
     def _negative(self, st: _TierState, key: OffloadKey) -> None:
         if not self._max_negative:
@@ -367,29 +359,29 @@ class TieringManager(TierWrites, OffloadingManager):
         # Only the keys read below may get slots: a key the bound cut off (or a prefix key
         # evicted since it was seen) would otherwise hold a pending slot no read completes.
         promoted = set(keys)
-        offered = [k for k in prefix if k in promoted or k in self._slots] if prefix else keys
+        slot_of = self.cpu.slot_of
+        offered = [k for k in prefix if k in promoted or slot_of(k) is not None] if prefix else keys
         if not self._make_room(keys, offered):
             self._counters["promotion_allocation_failures"] += 1
             return 0
-        out = self.cpu.prepare_store(offered, ctx)
+        # A promotion is not a store: the CPU's store admission does not veto it.
+        out = self.cpu.reserve_promotion(offered, ctx)
         if out is None:
             self._counters["promotion_allocation_failures"] += 1
             return 0
-        self._note_store(out, ctx)
-        stored = set(out.keys_to_store)
+        slots = dict(zip(out.keys_to_store, out.store_spec.block_ids, strict=True))
         kept = len(keys)
         for i, key in enumerate(keys):
-            if key not in stored:  # rejected by the CPU's admission (or stored meanwhile)
+            if key not in slots:  # cut by a partial store (or stored meanwhile)
                 kept = i
                 self._counters["promotions_cut"] += 1
                 break
         read = set(keys[:kept])
         unread = [k for k in out.keys_to_store if k not in read]
         if unread:  # slots no read will fill: released now, never left pending
-            self.cpu.complete_store(unread, ctx, success=False)
-            self._forget_cpu(unread)
+            self.cpu.complete_promotion(unread, success=False)
         for key, index in zip(keys[:kept], tiers[:kept], strict=True):
-            self._tiers[index].queue.append((key, self._slots[key], ctx))
+            self._tiers[index].queue.append((key, slots[key], ctx))
             self._promoting[key] = index
         return kept
 
@@ -439,7 +431,8 @@ class TieringManager(TierWrites, OffloadingManager):
         if self._resetting or not keys:
             return results
         owner = self._ctx(ctx)
-        absent = [k for k in keys if k not in self._slots]
+        slot_of = self.cpu.slot_of
+        absent = [k for k in keys if slot_of(k) is None]
         located = dict(zip(absent, self._locate(absent, owner), strict=True)) if self._tiers else {}
         promote: list[OffloadKey] = []
         promote_at: list[int] = []
@@ -448,7 +441,7 @@ class TieringManager(TierWrites, OffloadingManager):
         stop = len(keys)
         end = _MISS  # the verdict of the key that ends the prefix
         for i, key in enumerate(keys):
-            if key in self._slots:
+            if slot_of(key) is not None:
                 hit_tiers.append(CPU_TIER)
                 continue
             verdict, index = located.get(key, (_MISS, -1))
@@ -574,8 +567,7 @@ class TieringManager(TierWrites, OffloadingManager):
         served = 0 if stale else sum(result.ok)
         self.costs.record_read(index, served, result.nbytes, result.seconds, waited)
         if stale:  # the CPU reset waits for this job, so its slots are still this job's
-            self.cpu.complete_store(list(job.keys), job.ctx, success=False)
-            self._forget_cpu(job.keys)
+            self.cpu.complete_promotion(job.keys, success=False)
             return
         bad = [job.keys[i] for i in failed]
         good = [k for i, k in enumerate(job.keys) if result.ok[i]]
@@ -584,12 +576,9 @@ class TieringManager(TierWrites, OffloadingManager):
         st.counters["promotions"] += len(good)
         st.counters["promotion_failures"] += len(bad)
         if good:
-            self.cpu.complete_store(good, job.ctx, success=True)
-            for key in good:
-                self._pending.pop(key, None)
+            self.cpu.complete_promotion(good, success=True)
         if bad:
-            self.cpu.complete_store(bad, job.ctx, success=False)
-            self._forget_cpu(bad)
+            self.cpu.complete_promotion(bad, success=False)
             for key in bad:
                 self._negative(st, key)
         if good:
@@ -603,7 +592,7 @@ class TieringManager(TierWrites, OffloadingManager):
             st.write_backs -= len(job.keys)
             self._release_written(job.slots)
         else:
-            self.cpu.complete_load(list(job.keys), job.ctx)  # the put's pin
+            self.cpu.unpin_copy(job.keys)  # the put's pin
         st.counters["bytes_written"] += result.nbytes
         st.counters["write_seconds"] += result.seconds
         st.costs.histograms["store"].observe(result.seconds)
@@ -687,24 +676,15 @@ class TieringManager(TierWrites, OffloadingManager):
         self._reap()
         if not self._make_room(keys, keys):
             return None
-        out = self.cpu.prepare_store(keys, ctx)
-        if out is None:
-            return None
-        self._note_store(out, ctx)
-        return out
+        return self.cpu.prepare_store(keys, ctx)
 
     def complete_store(
         self, keys: Iterable[OffloadKey], ctx: ReqContext, success: bool = True
     ) -> None:
         keys = key_list(keys, "complete_store")
-        mine = [k for k in dict.fromkeys(keys) if self._pending.get(k) is ctx]
+        mine = self.cpu.stores_in_flight(keys, ctx)
         self.cpu.complete_store(keys, ctx, success)
-        if not success:
-            self._forget_cpu(mine)
-            return
-        for key in mine:
-            del self._pending[key]
-        if mine and self._tiers and not self._resetting:
+        if success and mine and self._tiers and not self._resetting:
             self._cascade(mine, ctx)
 
     def on_new_request(self, ctx: ReqContext) -> RequestOffloadingContext:
@@ -729,13 +709,10 @@ class TieringManager(TierWrites, OffloadingManager):
         self._counters["resets"] += 1
         for st in self._tiers:
             queued, st.queue = st.queue, []
-            by_ctx: dict[int, tuple[ReqContext, list[OffloadKey]]] = {}
-            for key, _, ctx in queued:
+            for key, _, _ in queued:
                 self._promoting.pop(key, None)
-                by_ctx.setdefault(id(ctx), (ctx, []))[1].append(key)
-            for ctx, keys in by_ctx.values():
-                self.cpu.complete_store(keys, ctx, success=False)
-                self._forget_cpu(keys)
+            if queued:
+                self.cpu.complete_promotion([key for key, _, _ in queued], success=False)
         deadline = time.monotonic() + self.drain_timeout_s
         for st in self._tiers:
             if st.jobs:
@@ -752,8 +729,6 @@ class TieringManager(TierWrites, OffloadingManager):
 
     def _finish_reset(self) -> None:
         self.cpu.reset_cache()
-        self._slots.clear()
-        self._pending.clear()
         self._promoting.clear()
         for st in self._tiers:
             if st.admission is not None:
