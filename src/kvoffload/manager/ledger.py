@@ -187,6 +187,17 @@ class BlockLedger:
             release((status,))  # type: ignore[arg-type]
         self.pool.num_pending -= len(keys)
 
+    def remove_ready(self, key: OffloadKey) -> bool:
+        """Drop a ready, unpinned block (a delete, a corrupt record): its slot is free.
+        False (nothing changed) when it is absent, pinned or being written."""
+        status = self.get(key)
+        if status is None or status.ref_cnt != 0:
+            return False
+        self.policy.remove(key)
+        self.pool.release((status,))
+        self.pool.num_evictable -= 1
+        return True
+
     # ------------------------------------------------------------------ pins
     def pin(self, keys: Iterable[OffloadKey], statuses: Iterable[BlockStatus]) -> None:
         """Pin ready blocks (``statuses`` are ``keys``'), once per occurrence."""
