@@ -28,7 +28,7 @@ from kvoffload.context import ReqContext
 from kvoffload.keys import OffloadKey
 from kvoffload.manager.api import LookupResult
 from kvoffload.manager.pool import SlotPool
-from kvoffload.policies import BlockStatus, CachePolicy
+from kvoffload.policies import BlockStatus, CachePolicy, Victims
 
 _MISS = LookupResult.MISS
 _HIT = LookupResult.HIT
@@ -144,6 +144,15 @@ class BlockLedger:
         self.pool.num_evictable -= len(victims)
         return list(keys)
 
+    def evict(self, n: int, protected: Collection[OffloadKey]) -> Victims | None:
+        """Evict ``n`` ready blocks (none of ``protected``), their slots free; the victims,
+        or ``None`` when the policy could not (nothing changed)."""
+        victims = self.policy.evict(n, protected)
+        if victims is not None:
+            self.pool.free.extend(status for _, status in victims)  # ready, unpinned: 0
+            self.pool.num_evictable -= len(victims)
+        return victims
+
     def evict_held(
         self, n: int, protected: Collection[OffloadKey]
     ) -> list[tuple[OffloadKey, BlockStatus]]:
@@ -187,6 +196,15 @@ class BlockLedger:
             release((status,))  # type: ignore[arg-type]
         self.pool.num_pending -= len(keys)
 
+    def insert_ready(self, key: OffloadKey) -> BlockStatus:
+        """A block found ready (a restart's scan): it enters the policy ready and evictable,
+        as a restored state's blocks do (no mark hook); its status."""
+        (status,) = self.pool.allocate(1)
+        status.ref_cnt = 0
+        self.policy.insert(key, status)
+        self.pool.num_evictable += 1
+        return status
+
     def remove_ready(self, key: OffloadKey) -> bool:
         """Drop a ready, unpinned block (a delete, a corrupt record): its slot is free.
         False (nothing changed) when it is absent, pinned or being written."""
@@ -225,6 +243,20 @@ class BlockLedger:
         if released:
             self.policy.mark_evictable_many(released)
             self.pool.num_evictable += len(released)
+
+    def drop_pin(self, key: OffloadKey) -> bool:
+        """Drop one pin of a block that must go (found corrupt while read): at its last pin
+        it is removed (never evictable again, so no mark hook) and its slot is free; True
+        then."""
+        status = self.get(key)
+        if status is None or status.ref_cnt <= 0:  # cannot happen unless state was corrupted
+            raise RuntimeError(f"drop_pin: key {key!r} is not pinned")
+        status.ref_cnt -= 1
+        if status.ref_cnt:
+            return False
+        self.policy.remove(key)
+        self.pool.release((status,))
+        return True
 
     # ------------------------------------------------------------------ resets
     def clear(self, generation: int) -> None:
