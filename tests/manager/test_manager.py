@@ -461,9 +461,9 @@ def test_subclass_hooks_are_honoured_by_batched_calls() -> None:
 
 
 def test_plain_lru_skips_touching_pure_misses_but_arc_does_not() -> None:
-    assert CPUOffloadingManager(2).touches_misses is False
-    assert CPUOffloadingManager(2, cache_policy="arc").touches_misses is True
-    assert CPUOffloadingManager(2, cache_policy=HookedLRU(2)).touches_misses is True
+    assert CPUOffloadingManager(2)._ledger.touches_misses is False
+    assert CPUOffloadingManager(2, cache_policy="arc")._ledger.touches_misses is True
+    assert CPUOffloadingManager(2, cache_policy=HookedLRU(2))._ledger.touches_misses is True
 
 
 # ---------------------------------------------------------------- evict ahead (write-back)

@@ -74,7 +74,7 @@ def test_switch_keeps_every_block_and_pin(source: str, target: str) -> None:
         status = m.policy.get(key)
         assert status is not None, f"{key!r} was dropped"
         assert (status.block_id, status.ref_cnt) == (slot, ref_cnt)
-    assert m.status_getter(k(0)) is m.policy.get(k(0))  # the hot path reads the new policy
+    assert m._ledger.get(k(0)) is m.policy.get(k(0))  # the hot path reads the new policy
     assert m.lookup(k(100)) is LookupResult.HIT_PENDING
 
     # The next evictions take only the 6 ready, unpinned blocks, never a pinned or pending one.

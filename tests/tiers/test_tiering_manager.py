@@ -553,3 +553,35 @@ def test_wait_steps_until_writes_and_promotions_land_or_the_timeout() -> None:
     assert manager.wait(0.05) is False and manager.has_pending_work()
     with pytest.raises(ValueError, match="timeout"):
         manager.wait(-1.0)
+
+
+# ------------------------------------------------- the CPU tier's face for secondary tiers
+def test_a_promotion_is_not_vetoed_by_the_cpus_store_admission() -> None:
+    memory = BytearraySlotMemory(SLOT, 2)
+    tier = MemoryTier(memory, 16 * SLOT, name="t0")
+    cpu = CPUOffloadingManager(2, store_threshold=2)  # a store is admitted on its 2nd offer
+    manager = TieringManager(cpu, memory, [SecondaryTier(tier, write_policy="none")])
+    seed(tier, memory, [key(7)], slot=1)
+    ctx = ReqContext(req_id="a")
+    # The block earned its place in the tier: its first lookup promotes it at once.
+    assert manager.lookup_prefix([key(7)], ctx) == [PENDING]
+    manager.step()
+    assert manager.lookup(key(7), ctx) is HIT
+    assert read(manager, memory, [key(7)], ctx) == [pattern(key(7))]
+    stats = manager.get_stats()
+    assert stats.admission_rejects == 0 and stats.tiers["t0"]["promotions"] == 1
+    assert stats.stores_prepared == 0 and stats.stores_completed == 0  # not a store
+    # A store from the engine still goes through admission.
+    assert manager.prepare_store([key(8)], ctx) is not None
+    assert manager.get_stats().admission_rejects == 1
+
+
+def test_write_through_pins_are_not_loads() -> None:
+    manager, memory, (tier,) = build(cpu_blocks=4, tier_kwargs=[{"latency_polls": 1}])
+    ctx = ReqContext(req_id="a")
+    store(manager, memory, [key(1), key(2), key(3)], ctx)
+    assert manager.get_stats().pinned_blocks == 3  # the puts read the slots: pinned
+    manager.wait(1.0)
+    assert tier.stored_keys() == {key(1), key(2), key(3)}
+    stats = manager.get_stats()
+    assert stats.loads == 0 and stats.pinned_blocks == 0 and stats.evictable_blocks == 3

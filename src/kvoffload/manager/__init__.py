@@ -40,7 +40,8 @@ threads, build it with ``thread_safe=True``: every public method then holds one 
 a second thread raises ``RuntimeError`` before changing anything (``lookup``, per key and
 changing only counters, is not checked; ``get_stats`` may be read from any thread).
 
-Modules: :mod:`.api` (types and the ABC), :mod:`.pool` (slots), :mod:`.counters`,
+Modules: :mod:`.api` (types and the ABC), :mod:`.ledger` (a policy and its slots: the one
+place where a block's status changes), :mod:`.pool` (slots), :mod:`.counters`,
 :mod:`.records` (per-request state), :mod:`.keyargs` (argument checks), :mod:`.locked`,
 :mod:`.cpu` (the manager).
 """
@@ -56,12 +57,14 @@ from kvoffload.manager.api import (
 )
 from kvoffload.manager.counters import Counters
 from kvoffload.manager.cpu import CPUOffloadingManager
+from kvoffload.manager.ledger import BlockLedger
 from kvoffload.manager.locked import locked_class
 from kvoffload.manager.pool import SlotPool
 from kvoffload.manager.recorder import TraceRecorder
 
 __all__ = [
     "BlockAccesses",
+    "BlockLedger",
     "CPULoadStoreSpec",
     "CPUOffloadingManager",
     "Counters",

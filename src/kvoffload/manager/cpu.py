@@ -15,6 +15,7 @@ from kvoffload.context import ReqContext
 from kvoffload.events import OffloadingEvent
 from kvoffload.keys import OffloadKey
 from kvoffload.manager.api import (
+    BlockAccesses,
     CPULoadStoreSpec,
     LookupResult,
     OffloadingManager,
@@ -24,8 +25,8 @@ from kvoffload.manager.api import (
 )
 from kvoffload.manager.counters import Counters
 from kvoffload.manager.keyargs import check_key_types, describe_key, key_list, wrong_key_type
+from kvoffload.manager.ledger import BlockLedger
 from kvoffload.manager.locked import locked_class
-from kvoffload.manager.pool import SlotPool
 from kvoffload.manager.recorder import TraceRecorder
 from kvoffload.manager.records import RequestRecord
 from kvoffload.manager.state import decode_manager_state, encode_manager_state
@@ -75,10 +76,9 @@ class CPUOffloadingManager(OffloadingManager):
             request's keys and hints as a trace ``kvoffload simulate`` replays (also
             :meth:`set_recorder`).
 
-    For drivers that bypass the public calls for speed (the simulator's blocks mode,
-    :func:`kvoffload.sim.drive.access_blocks`) the manager exposes its parts: ``pool``,
-    ``counters``, ``status_getter``, ``touches_misses`` and ``request_record(ctx)``. Such a
-    driver must leave them exactly as the public calls would.
+    The blocks and their slots live in a :class:`~kvoffload.manager.ledger.BlockLedger`,
+    the one place where a block's status changes; the manager adds requests, admission,
+    counters, events, shadows and the recorder around it.
     """
 
     def __init__(
@@ -115,15 +115,14 @@ class CPUOffloadingManager(OffloadingManager):
         self._partial_store = partial_store
         self._events: list[OffloadingEvent] = []
         self._generation = 0
-        self._pool = SlotPool(num_blocks)
         self._counters = Counters()
         # The thread that calls the manager: bound by the first call (0: none yet); None once
         # shut down. A mismatch sends the call to _other_thread, which decides.
         self._owner: int | None = 0
         self._shut_down = False
         self._thread_safe = thread_safe
-        self._policy = policy
-        self._bind_policy()
+        self._ledger = BlockLedger(policy, num_blocks)
+        self._bind_policy(policy)
         self._last_timestamp: float | None = None  # the latest request's, for switch_policy
         self._shadow: ShadowEvaluator | None = None
         if shadow_policies is not None:
@@ -143,20 +142,16 @@ class CPUOffloadingManager(OffloadingManager):
             self.__class__ = locked_class(type(self))
 
     # ----------------------------------------------------------------- the policy
-    def _bind_policy(self) -> None:
-        """Derive everything the hot paths read from ``self._policy`` (the one place).
-
-        Sets the status getter (the policy's block table's C-level ``get`` when it exposes
-        one, else its ``get``) and whether misses must be touched. Call it whenever
-        ``self._policy`` changes or is cleared.
-        """
-        policy = self._policy
-        table = policy.block_table
-        self._table = table if isinstance(table, dict) else None
-        self._get: Callable[[OffloadKey], BlockStatus | None] = (
-            table.get if table is not None else policy.get
-        )
-        self._touch_misses = policy.touches_misses  # exact: CachePolicy.__init_subclass__
+    def _bind_policy(self, policy: CachePolicy) -> None:
+        """Give the ledger ``policy`` (the one place), and keep its status getter (the
+        policy's table's C-level ``get`` when it keeps one) at hand for ``lookup``. Call it
+        whenever the policy changes or is cleared."""
+        ledger = self._ledger
+        ledger.bind(policy)
+        self._policy = policy
+        self._table = ledger.table
+        self._get: Callable[[OffloadKey], BlockStatus | None] = ledger.get
+        self._touch_misses = ledger.touches_misses
 
     @property
     def policy(self) -> CachePolicy:
@@ -212,8 +207,7 @@ class CPUOffloadingManager(OffloadingManager):
         if req_context is None:
             req_context = ReqContext(req_id="kvoffload-switch", timestamp=self._last_timestamp)
         report = switch_resident_set(old, new, req_context=req_context)
-        self._policy = new
-        self._bind_policy()
+        self._bind_policy(new)
         self._counters.policy_switches += 1
         logger.info(
             "kvoffload: switched policy %s -> %s (%d ready, %d pinned, %d pending blocks moved)",
@@ -255,9 +249,7 @@ class CPUOffloadingManager(OffloadingManager):
                 raise TypeError(f"from_state: {name} comes from the saved state, not an option")
         num_blocks, policy, statuses = decode_manager_state(data)
         manager = cls(num_blocks, cache_policy=policy, **options)
-        table = policy.block_table
-        stored = [status.block_id for status in table.values()] if table is not None else []
-        manager._pool.restore(statuses, stored)
+        manager._ledger.restore(statuses)
         return manager
 
     def set_recorder(self, recorder: TraceRecorder | None) -> None:
@@ -280,27 +272,7 @@ class CPUOffloadingManager(OffloadingManager):
         """Bumped by every ``reset_cache``."""
         return self._generation
 
-    # ----------------------------------------------------------------- driver parts
-    @property
-    def pool(self) -> SlotPool:
-        """The slots and the count of blocks in each state."""
-        return self._pool
-
-    @property
-    def counters(self) -> Counters:
-        """The cumulative counters."""
-        return self._counters
-
-    @property
-    def status_getter(self) -> Callable[[OffloadKey], BlockStatus | None]:
-        """``key -> BlockStatus | None`` (pure; the fastest way to the policy's table)."""
-        return self._get
-
-    @property
-    def touches_misses(self) -> bool:
-        """Whether stores touch the keys they offer that are not stored (ghost learning)."""
-        return self._touch_misses
-
+    # ----------------------------------------------------------------- parts
     @property
     def admission(self) -> AdmissionFilter | None:
         """The admission filter(s) combined, or ``None`` when every block is admitted."""
@@ -310,7 +282,7 @@ class CPUOffloadingManager(OffloadingManager):
     def events_enabled(self) -> bool:
         return self._enable_events
 
-    def request_record(self, ctx: ReqContext | None) -> RequestRecord:
+    def _request_record(self, ctx: ReqContext | None) -> RequestRecord:
         """The request's bookkeeping (created on first use; renewed after a reset).
 
         Every call that changes state starts here, so the thread and shutdown checks are
@@ -366,22 +338,9 @@ class CPUOffloadingManager(OffloadingManager):
         self, record: RequestRecord, keys: Iterable[OffloadKey], ctx: ReqContext | None
     ) -> None:
         """Touch the keys this request has not accessed yet (each once, in order)."""
-        touched = record.touched
-        if not touched:
-            fresh = list(keys)
-            touched.update(fresh)
-            if len(touched) != len(fresh):  # a key repeated in the call
-                fresh = list(dict.fromkeys(fresh))
-        else:
-            fresh = []
-            for key in keys:
-                if key not in touched:
-                    touched.add(key)
-                    fresh.append(key)
-        if fresh:
-            self._policy.touch(fresh, ctx)
-            if self._shadow is not None:
-                self._shadow.record(fresh, ctx)
+        fresh = self._ledger.access(record.touched, keys, ctx)
+        if fresh and self._shadow is not None:
+            self._shadow.record(fresh, ctx)
 
     # --------------------------------------------------------------- the API
     def lookup(self, key: OffloadKey, ctx: ReqContext | None = None) -> LookupResult:
@@ -398,7 +357,7 @@ class CPUOffloadingManager(OffloadingManager):
     def prepare_load(self, keys: Iterable[OffloadKey], ctx: ReqContext) -> CPULoadStoreSpec:
         if type(keys) is not list:
             keys = key_list(keys, "prepare_load")
-        record = self.request_record(ctx)
+        record = self._request_record(ctx)
         get = self._get
         statuses = [get(key) for key in keys]
         for key, status in zip(keys, statuses, strict=True):
@@ -412,16 +371,10 @@ class CPUOffloadingManager(OffloadingManager):
                     "lookup returned HIT"
                 )
         self._touch_once(record, keys, ctx)
-        mark_non_evictable = self._policy.mark_non_evictable
+        self._ledger.pin(keys, statuses)  # type: ignore[arg-type]
         loads = record.loads
-        pinned_now = 0
-        for key, status in zip(keys, statuses, strict=True):
-            if status.ref_cnt == 0:  # type: ignore[union-attr]
-                mark_non_evictable(key)
-                pinned_now += 1
-            status.ref_cnt += 1  # type: ignore[union-attr]
+        for key in keys:
             loads[key] = loads.get(key, 0) + 1
-        self._pool.num_evictable -= pinned_now
         self._counters.loads += len(keys)
         if self._recorder is not None:
             self._recorder.add_keys(ctx, keys)
@@ -433,7 +386,7 @@ class CPUOffloadingManager(OffloadingManager):
     def complete_load(self, keys: Iterable[OffloadKey], ctx: ReqContext) -> None:
         if type(keys) is not list:
             keys = key_list(keys, "complete_load")
-        record = self.request_record(ctx)
+        record = self._request_record(ctx)
         loads = record.loads
         for key in keys:
             if key not in loads and not record.has_stale_load(key):
@@ -441,10 +394,9 @@ class CPUOffloadingManager(OffloadingManager):
                     f"complete_load: key {describe_key(key)} has no load in flight for "
                     f"request '{ctx.req_id}'"
                 )
-        get = self._get
-        pool = self._pool
+        pool = self._ledger.pool
         counters = self._counters
-        released: list[OffloadKey] = []
+        unpinned: list[OffloadKey] = []
         for key in reversed(keys):  # tail first, so the head ends most recent
             count = loads.get(key)
             if count is None:
@@ -461,15 +413,8 @@ class CPUOffloadingManager(OffloadingManager):
                 del loads[key]
             else:
                 loads[key] = count - 1
-            status = get(key)
-            if status is None or status.ref_cnt <= 0:  # cannot happen unless state was corrupted
-                raise RuntimeError(f"complete_load: key {describe_key(key)} is not pinned")
-            status.ref_cnt -= 1
-            if status.ref_cnt == 0:
-                released.append(key)
-        if released:
-            self._policy.mark_evictable_many(released)
-            pool.num_evictable += len(released)
+            unpinned.append(key)
+        self._ledger.unpin(unpinned)
 
     def touch(self, keys: Iterable[OffloadKey], ctx: ReqContext | None = None) -> None:
         if type(keys) is not list:
@@ -477,22 +422,34 @@ class CPUOffloadingManager(OffloadingManager):
         check_key_types(keys, "touch")
         if ctx is None:
             self._check_entry()
-            self._policy.touch(list(keys), None)
+            self._ledger.access(None, keys, None)
             if self._shadow is not None:
                 self._shadow.record(keys, None)
             return
-        self._touch_once(self.request_record(ctx), keys, ctx)
+        self._touch_once(self._request_record(ctx), keys, ctx)
 
     def prepare_store(
         self, keys: Iterable[OffloadKey], ctx: ReqContext
     ) -> PrepareStoreOutput | None:
         if type(keys) is not list:
             keys = key_list(keys, "prepare_store")
-        record = self.request_record(ctx)
+        return self._reserve(keys, ctx, self._admission, "prepare_store")
+
+    def _reserve(
+        self,
+        keys: list[OffloadKey],
+        ctx: ReqContext,
+        admission: AdmissionFilter | None,
+        caller: str,
+    ) -> PrepareStoreOutput | None:
+        """Slots for the absent ``keys`` (a store, or a promotion without ``admission``);
+        every key offered is protected and accessed once."""
+        store = caller == "prepare_store"
+        record = self._request_record(ctx)
         try:
             offered = set(keys)  # all protected from eviction (built anyway when evicting)
         except TypeError:
-            check_key_types(keys, "prepare_store")
+            check_key_types(keys, caller)
             raise
         if len(offered) != len(keys):  # a repeated key is offered once, at its first place
             keys = list(dict.fromkeys(keys))
@@ -517,26 +474,23 @@ class CPUOffloadingManager(OffloadingManager):
         else:
             absent = accessed = list(keys)
         if absent:
-            check_key_types(absent, "prepare_store")  # the keys that may enter the cache
+            check_key_types(absent, caller)  # the keys that may enter the cache
         to_store = absent
         counters = self._counters
         if self._recorder is not None:
             self._recorder.add_keys(ctx, keys)
-        if absent and self._admission is not None:
-            to_store = self._admission.admit(absent, ctx)
+        if absent and admission is not None:
+            to_store = admission.admit(absent, ctx)
             counters.admission_rejects += len(absent) - len(to_store)
 
-        pool = self._pool
-        free_list = pool.free
-        num_free = pool.capacity - pool.next_fresh + len(free_list)
-        need = len(to_store) - num_free
-        available = pool.num_evictable - protected_evictable
-        if need > available:
+        ledger = self._ledger
+        num_free = ledger.num_free
+        available = ledger.pool.num_evictable - protected_evictable
+        if len(to_store) - num_free > available:
             if not self._partial_store or num_free + available <= 0:
-                counters.failed_allocations += 1
+                counters.failed_allocations += store
                 return None
             to_store = to_store[: num_free + available]
-            need = len(to_store) - num_free
 
         # One access per request and key, misses included (ghost learning), head first.
         if self._touch_misses or accessed is not absent:
@@ -546,27 +500,18 @@ class CPUOffloadingManager(OffloadingManager):
             self._shadow.record([key for key in accessed if key not in touched], ctx)
         if not to_store:
             return PrepareStoreOutput([], CPULoadStoreSpec([], self._generation), [])
-        evicted_keys: list[OffloadKey] = []
-        if need > 0:
-            victims = self._policy.evict(need, offered)
-            if victims is None:
-                counters.failed_allocations += 1
-                return None
-            victim_keys, victim_statuses = zip(*victims, strict=True)
-            evicted_keys = list(victim_keys)
-            free_list.extend(victim_statuses)  # victims are ready and unpinned: ref_cnt 0
-            pool.num_evictable -= len(victims)
-            counters.evictions += len(victims)
+        evicted_keys = ledger.make_room(len(to_store), offered)
+        if evicted_keys is None:
+            counters.failed_allocations += store
+            return None
+        if evicted_keys:
+            counters.evictions += len(evicted_keys)
             if self._enable_events:
                 self._events.append(OffloadingEvent(tuple(evicted_keys), removed=True))
-
-        count = len(to_store)
-        allocated = pool.allocate(count)
-        slots = list(map(_block_id, allocated))
-        self._policy.insert_many(to_store, allocated, ctx)
-        record.stores.update(to_store)
-        pool.num_pending += count
-        counters.stores_prepared += count
+        slots = list(map(_block_id, ledger.reserve(to_store, ctx)))
+        if store:
+            record.stores.update(to_store)
+            counters.stores_prepared += len(to_store)
         return PrepareStoreOutput(to_store, CPULoadStoreSpec(slots, self._generation), evicted_keys)
 
     def complete_store(
@@ -574,10 +519,10 @@ class CPUOffloadingManager(OffloadingManager):
     ) -> None:
         if type(keys) is not list:
             keys = key_list(keys, "complete_store")
-        record = self.request_record(ctx)
+        record = self._request_record(ctx)
         stores = record.stores
         get = self._get
-        pool = self._pool
+        ledger = self._ledger
         counters = self._counters
         in_flight = len(stores)
         if success and stores.issuperset(keys):
@@ -588,11 +533,7 @@ class CPUOffloadingManager(OffloadingManager):
             # The usual case: this request's writes, all in flight in this generation, so all
             # pending by construction (only the manager changes ref_cnt).
             completed = list(reversed(keys))  # tail first, so the head ends most recent
-            for status in map(get, completed):
-                status.ref_cnt = 0  # type: ignore[union-attr]
-            self._policy.mark_evictable_many(completed)
-            pool.num_pending -= len(completed)
-            pool.num_evictable += len(completed)
+            ledger.complete(completed)
             counters.stores_completed += len(completed)
             if completed and self._enable_events:
                 self._events.append(OffloadingEvent(tuple(keys)))
@@ -606,7 +547,6 @@ class CPUOffloadingManager(OffloadingManager):
                             f"complete_store: key {describe_key(key)} has no store in flight "
                             f"for request '{ctx.req_id}'"
                         )
-        policy = self._policy
         done: list[OffloadKey] = []
         for key in reversed(keys):  # tail first, so the head ends most recent
             if key not in stores:
@@ -614,32 +554,122 @@ class CPUOffloadingManager(OffloadingManager):
                 if generation is None:
                     counters.duplicate_completions += 1
                 else:  # prepared before a reset: its slot comes back now
-                    pool.job_done(generation, key)
+                    ledger.pool.job_done(generation, key)
                     counters.stale_completions += 1
                 continue
             stores.discard(key)
             status = get(key)
             if status is None or status.ref_cnt != -1:  # cannot happen unless state was corrupted
                 raise RuntimeError(f"complete_store: key {describe_key(key)} is not being written")
-            if success:
-                status.ref_cnt = 0
-            else:
-                policy.remove(key)
-                pool.release((status,))
             done.append(key)
-        pool.num_pending -= len(done)
         if success:
-            policy.mark_evictable_many(done)
-            pool.num_evictable += len(done)
+            ledger.complete(done)
             counters.stores_completed += len(done)
             if done and self._enable_events:
                 done.reverse()
                 self._events.append(OffloadingEvent(tuple(done)))
         else:
+            ledger.fail(done)
             counters.stores_failed += len(done)
 
+    # ------------------------------------------------------- the face for secondary tiers
+    def slot_of(self, key: OffloadKey) -> int | None:
+        """The slot of a stored block (being written, ready or pinned), else ``None``."""
+        status = self._get(key)
+        return None if status is None else status.block_id
+
+    def stores_in_flight(self, keys: Iterable[OffloadKey], ctx: ReqContext) -> list[OffloadKey]:
+        """Which of ``keys`` (once each, in order) this request's stores are writing."""
+        stores = self._request_record(ctx).stores
+        return [key for key in dict.fromkeys(keys) if key in stores]
+
+    def reserve_promotion(
+        self, keys: Iterable[OffloadKey], ctx: ReqContext
+    ) -> PrepareStoreOutput | None:
+        """Slots for blocks a secondary tier will copy in (a promotion), as pending blocks.
+
+        As :meth:`prepare_store` (every key offered is protected and accessed once), but no
+        admission filter vetoes it (the block earned its place in a tier already) and it is
+        not a store (no ``stores_*`` or ``failed_allocations`` count; no ``complete_store``):
+        :meth:`complete_promotion` ends it. ``None``: no room (nothing changed).
+        """
+        keys = key_list(keys, "reserve_promotion")
+        return self._reserve(keys, ctx, None, "reserve_promotion")
+
+    def complete_promotion(self, keys: Iterable[OffloadKey], success: bool = True) -> None:
+        """The copies into slots :meth:`reserve_promotion` gave ended: the blocks are ready
+        (tail first, as stores complete), or gone with their slots free."""
+        self._check_entry()
+        keys = list(dict.fromkeys(key_list(keys, "complete_promotion")))
+        get = self._get
+        for key in keys:
+            status = get(key)
+            if status is None or status.ref_cnt != -1:
+                raise ValueError(
+                    f"complete_promotion: key {describe_key(key)} has no promotion in flight"
+                )
+        keys.reverse()
+        if not success:
+            self._ledger.fail(keys)
+            return
+        self._ledger.complete(keys)
+        if keys and self._enable_events:
+            keys.reverse()
+            self._events.append(OffloadingEvent(tuple(keys)))
+
+    def pin_copy(self, keys: Iterable[OffloadKey]) -> list[int]:
+        """Pin ready blocks while a tier copies them out; their slots. Not a load: no touch,
+        no ``loads`` count, no request (:meth:`unpin_copy` ends it)."""
+        self._check_entry()
+        keys = key_list(keys, "pin_copy")
+        statuses = [self._get(key) for key in keys]
+        for key, status in zip(keys, statuses, strict=True):
+            if status is None or status.ref_cnt < 0:
+                raise ValueError(f"pin_copy: key {describe_key(key)} is not stored and ready")
+        self._ledger.pin(keys, statuses)  # type: ignore[arg-type]
+        return [status.block_id for status in statuses]  # type: ignore[union-attr]
+
+    def unpin_copy(self, keys: Iterable[OffloadKey]) -> None:
+        """The copies :meth:`pin_copy` pinned for are done (tail first, as loads complete)."""
+        self._check_entry()
+        keys = key_list(keys, "unpin_copy")
+        self._ledger.unpin(list(reversed(keys)))
+
+    def access_each(self, keys: Iterable[OffloadKey], ctx: ReqContext) -> BlockAccesses:
+        """Each of ``keys`` as one independent access, in order, in one call (the simulator's
+        blocks mode): a HIT is loaded, a MISS stored, a HIT_PENDING left alone, with the same
+        policy calls, counters and slots as ``lookup`` then ``prepare_load`` +
+        ``complete_load`` or ``prepare_store`` + ``complete_store`` for each key
+        (:func:`kvoffload.sim.drive.access_blocks_by_calls`, which admission filters,
+        events, shadows and a recorder need, since this call makes none of their records).
+        """
+        if (
+            self._admission is not None
+            or self._enable_events
+            or self._shadow is not None
+            or self._recorder is not None
+        ):
+            raise ValueError(
+                "access_each makes no admission, event, shadow or recorder records; "
+                "make the public calls one key at a time instead"
+            )
+        if type(keys) is not list:
+            keys = key_list(keys, "access_each")
+        record = self._request_record(ctx)
+        out = self._ledger.access_each(keys, ctx, record.touched)
+        counters = self._counters
+        counters.misses += out.misses
+        counters.hits += out.hits
+        counters.hits_pending += out.pending
+        counters.loads += out.hits
+        counters.stores_prepared += out.stored
+        counters.stores_completed += out.stored
+        counters.evictions += out.evicted
+        counters.failed_allocations += out.failed
+        return BlockAccesses(out.results, out.stored, out.evicted, out.failed)
+
     def on_new_request(self, ctx: ReqContext) -> RequestOffloadingContext:
-        self.request_record(ctx)
+        self._request_record(ctx)
         return RequestOffloadingContext()
 
     def on_request_finished(self, ctx: ReqContext) -> None:
@@ -666,25 +696,8 @@ class CPUOffloadingManager(OffloadingManager):
         after :meth:`release_stale_slots`.
         """
         self._check_entry()
-        pool = self._pool
-        expected = pool.num_pending + pool.num_pinned
-        in_flight: list[BlockStatus] = []
-        by_key: dict[OffloadKey, BlockStatus] | None = None
-        if expected:
-            table = self._table
-            if table is not None:
-                by_key = {}
-                for key, status in table.items():
-                    if status.ref_cnt:
-                        by_key[key] = status
-                        if len(by_key) == expected:
-                            break
-                in_flight = list(by_key.values())
-            else:
-                in_flight = pool.in_flight()
-        self._policy.clear()
-        self._bind_policy()
-        pool.reset(self._generation, in_flight, by_key)
+        self._ledger.clear(self._generation)
+        self._bind_policy(self._policy)
         self._generation += 1
         if self._admission is not None:
             self._admission.reset()
@@ -706,22 +719,10 @@ class CPUOffloadingManager(OffloadingManager):
         """
         self._check_entry()
         check_int("n", n, 0)
-        pool = self._pool
-        get = self._get
-        protected_evictable = 0
-        for key in protected:
-            status = get(key)
-            if status is not None and status.ref_cnt == 0:
-                protected_evictable += 1
-        count = min(n, pool.num_evictable - protected_evictable)
-        if count <= 0:
+        victims = self._ledger.evict_held(n, protected)
+        if not victims:
             return []
-        victims = self._policy.evict(count, protected)
-        if victims is None:
-            return []
-        pool.num_evictable -= count
-        self._counters.evictions += count
-        pool.hold_evicted(status for _, status in victims)
+        self._counters.evictions += len(victims)
         if self._enable_events:
             self._events.append(OffloadingEvent(tuple(k for k, _ in victims), removed=True))
         return [(key, status.block_id) for key, status in victims]
@@ -729,7 +730,7 @@ class CPUOffloadingManager(OffloadingManager):
     def release_evicted(self, slots: Iterable[int]) -> None:
         """The slots :meth:`evict_ahead` held have been copied out: they become free."""
         self._check_entry()
-        pool = self._pool
+        pool = self._ledger.pool
         for slot in slots:
             if not pool.release_evicted(slot):
                 raise ValueError(f"release_evicted: slot {slot!r} is not held by evict_ahead")
@@ -737,24 +738,24 @@ class CPUOffloadingManager(OffloadingManager):
     @property
     def free_blocks(self) -> int:
         """Slots a store can take without evicting."""
-        return self._pool.num_available
+        return self._ledger.pool.num_available
 
     def release_stale_slots(self) -> int:
         """Every job prepared before the last reset is done (say, the worker was drained):
         their held slots become free. Returns how many; their late completions are ignored."""
         self._check_entry()
-        return self._pool.release_held()
+        return self._ledger.pool.release_held()
 
     def has_pending_work(self) -> bool:
         """Whether a store is being written, a load is being read, or a slot is still held
         for a job prepared before a reset: their completions are still due."""
-        pool = self._pool
+        pool = self._ledger.pool
         return bool(pool.num_pending or pool.num_pinned or pool.num_held)
 
     def get_stats(self) -> OffloadingStats:
         """Counters and gauges (readable from any thread, and after shutdown)."""
         c = self._counters
-        pool = self._pool
+        pool = self._ledger.pool
         return OffloadingStats(
             num_blocks=self.num_blocks,
             stored_blocks=pool.num_stored,

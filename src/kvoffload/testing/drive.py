@@ -3,6 +3,8 @@
 This is the protocol under which our policies are compared with libCacheSim: each access is
 a lookup; a hit is touched; a miss is touched (ghost learning), makes room with
 ``evict(1, {key})`` when the cache is full, is inserted as being written and then completed.
+The accesses are the block ledger's (:meth:`~kvoffload.manager.ledger.BlockLedger.access_each`
+without a request and without pins), the same code the simulator's blocks mode runs.
 """
 
 from __future__ import annotations
@@ -10,7 +12,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from kvoffload.keys import int_key  # re-exported: policy tests import it from here
-from kvoffload.policies.base import BlockStatus, CachePolicy
+from kvoffload.manager.ledger import BlockLedger
+from kvoffload.policies.base import CachePolicy
 
 
 def drive_single_blocks(policy: CachePolicy, block_ids: Iterable[int]) -> int:
@@ -19,30 +22,11 @@ def drive_single_blocks(policy: CachePolicy, block_ids: Iterable[int]) -> int:
     Capacity is ``policy.cache_capacity`` blocks. A capacity of 0 stores nothing.
     """
     capacity = policy.cache_capacity
-    free_slots = list(range(capacity - 1, -1, -1))
-    hits = 0
-    get, touch, evict, insert = policy.get, policy.touch, policy.evict, policy.insert
-    mark_evictable = policy.mark_evictable
-    for block_id in block_ids:
-        key = int_key(block_id)
-        one = [key]
-        if get(key) is not None:
-            hits += 1
-            touch(one)
-            continue
-        touch(one)
-        if capacity == 0:
-            continue
-        if not free_slots:
-            victims = evict(1, one)
-            if not victims:
-                raise AssertionError(f"{type(policy).__name__} failed to evict from a full cache")
-            free_slots.extend(status.block_id for _, status in victims)
-        status = BlockStatus(free_slots.pop(), -1)
-        insert(key, status)
-        status.ref_cnt = 0
-        mark_evictable(key)
-    return hits
+    ledger = BlockLedger(policy, capacity)
+    out = ledger.access_each(map(int_key, block_ids), None, pin_hits=False, touch_misses=True)
+    if out.failed and capacity:
+        raise AssertionError(f"{type(policy).__name__} failed to evict from a full cache")
+    return out.hits
 
 
 __all__ = ["drive_single_blocks", "int_key"]

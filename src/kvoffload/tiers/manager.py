@@ -159,8 +159,6 @@ class TieringManager(TierPromotions, OffloadingManager):
             prefill_tokens_per_s=prefill_tokens_per_s,
             decide=decide,
         )
-        self._slots: dict[OffloadKey, int] = {}  # CPU-resident keys -> slot (mirror of cpu)
-        self._pending: dict[OffloadKey, ReqContext] = {}  # CPU stores in flight -> owner
         self._promoting: dict[OffloadKey, int] = {}  # key -> tier index of its promotion
         self._write_back = [st for st in self._tiers if st.policy is WritePolicy.WRITE_BACK]
         self._reserve = max((st.reserve for st in self._write_back), default=0)
@@ -234,7 +232,7 @@ class TieringManager(TierPromotions, OffloadingManager):
 
     def cpu_slot(self, key: OffloadKey) -> int | None:
         """The CPU slot of a resident key (ready or pending), else ``None``."""
-        return self._slots.get(key)
+        return self.cpu.slot_of(key)
 
     def _jobs_in_flight(self) -> bool:
         return any(st.jobs for st in self._tiers)
@@ -293,8 +291,7 @@ class TieringManager(TierPromotions, OffloadingManager):
         served = 0 if stale else sum(result.ok)
         self.costs.record_read(index, served, result.nbytes, result.seconds, waited)
         if stale:  # the CPU reset waits for this job, so its slots are still this job's
-            self.cpu.complete_store(list(job.keys), job.ctx, success=False)
-            self._forget_cpu(job.keys)
+            self.cpu.complete_promotion(job.keys, success=False)
             return
         bad = [job.keys[i] for i in failed]
         good = [k for i, k in enumerate(job.keys) if result.ok[i]]
@@ -303,12 +300,9 @@ class TieringManager(TierPromotions, OffloadingManager):
         st.counters["promotions"] += len(good)
         st.counters["promotion_failures"] += len(bad)
         if good:
-            self.cpu.complete_store(good, job.ctx, success=True)
-            for key in good:
-                self._pending.pop(key, None)
+            self.cpu.complete_promotion(good, success=True)
         if bad:
-            self.cpu.complete_store(bad, job.ctx, success=False)
-            self._forget_cpu(bad)
+            self.cpu.complete_promotion(bad, success=False)
             for key in bad:
                 self._negative(st, key)
         if good:
@@ -322,7 +316,7 @@ class TieringManager(TierPromotions, OffloadingManager):
             st.write_backs -= len(job.keys)
             self._release_written(job.slots)
         else:
-            self.cpu.complete_load(list(job.keys), job.ctx)  # the put's pin
+            self.cpu.unpin_copy(job.keys)  # the put's pin
         st.counters["bytes_written"] += result.nbytes
         st.counters["write_seconds"] += result.seconds
         st.costs.histograms["store"].observe(result.seconds)
@@ -416,24 +410,15 @@ class TieringManager(TierPromotions, OffloadingManager):
         self._reap()
         if not self._make_room(keys, keys):
             return None
-        out = self.cpu.prepare_store(keys, ctx)
-        if out is None:
-            return None
-        self._note_store(out, ctx)
-        return out
+        return self.cpu.prepare_store(keys, ctx)
 
     def complete_store(
         self, keys: Iterable[OffloadKey], ctx: ReqContext, success: bool = True
     ) -> None:
         keys = key_list(keys, "complete_store")
-        mine = [k for k in dict.fromkeys(keys) if self._pending.get(k) is ctx]
+        mine = self.cpu.stores_in_flight(keys, ctx)
         self.cpu.complete_store(keys, ctx, success)
-        if not success:
-            self._forget_cpu(mine)
-            return
-        for key in mine:
-            del self._pending[key]
-        if mine and self._tiers and not self._resetting:
+        if success and mine and self._tiers and not self._resetting:
             self._cascade(mine, ctx)
 
     def on_new_request(self, ctx: ReqContext) -> RequestOffloadingContext:
@@ -458,13 +443,10 @@ class TieringManager(TierPromotions, OffloadingManager):
         self._counters["resets"] += 1
         for st in self._tiers:
             queued, st.queue = st.queue, []
-            by_ctx: dict[int, tuple[ReqContext, list[OffloadKey]]] = {}
-            for key, _, ctx in queued:
+            for key, _, _ in queued:
                 self._promoting.pop(key, None)
-                by_ctx.setdefault(id(ctx), (ctx, []))[1].append(key)
-            for ctx, keys in by_ctx.values():
-                self.cpu.complete_store(keys, ctx, success=False)
-                self._forget_cpu(keys)
+            if queued:
+                self.cpu.complete_promotion([key for key, _, _ in queued], success=False)
         deadline = time.monotonic() + self.drain_timeout_s
         for st in self._tiers:
             if st.jobs:
@@ -481,8 +463,6 @@ class TieringManager(TierPromotions, OffloadingManager):
 
     def _finish_reset(self) -> None:
         self.cpu.reset_cache()
-        self._slots.clear()
-        self._pending.clear()
         self._promoting.clear()
         for st in self._tiers:
             if st.admission is not None:

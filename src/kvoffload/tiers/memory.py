@@ -12,7 +12,6 @@ Faults are injected through plain attributes (``fail_keys``, ``fail_all``, ``unk
 
 from __future__ import annotations
 
-import itertools
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -20,6 +19,7 @@ from typing import Any
 
 from kvoffload._checks import check_int
 from kvoffload.keys import OffloadKey
+from kvoffload.manager.ledger import BlockLedger
 from kvoffload.policies import BlockStatus, CachePolicy, create_cache_policy
 from kvoffload.tiers.base import (
     JobKind,
@@ -98,11 +98,12 @@ class MemoryTier(Tier):
         if isinstance(policy, CachePolicy):
             if policy_params:
                 raise ValueError("policy_params cannot be used with a policy instance")
-            self._policy = policy
         else:
-            self._policy = create_cache_policy(
+            policy = create_cache_policy(
                 policy, self.capacity_blocks, None, dict(policy_params or {})
             )
+        # The records' pins and pending writes, one slot per record of the capacity.
+        self._ledger = BlockLedger(policy, self.capacity_blocks)
         self._caps = TierCapabilities(
             medium=medium, shared=shared, persistent=persistent, max_batch=max_batch
         )
@@ -110,8 +111,6 @@ class MemoryTier(Tier):
         self.latency_s = float(latency_s)
         self._clock = clock
         self._records: dict[OffloadKey, bytes] = {}
-        self._count = 0  # keys in the policy (ready or being written)
-        self._ids = itertools.count(1)  # block ids of the policy's entries
         self._runtime = TierRuntime(0, clock=clock)
         self._jobs: list[_Pending] = []
         self.fail_keys: dict[OffloadKey, str] = {}
@@ -145,13 +144,13 @@ class MemoryTier(Tier):
     @property
     def policy(self) -> CachePolicy:
         """The tier's eviction policy (read-only access for tests)."""
-        return self._policy
+        return self._ledger.policy
 
     def contains(self, keys: Sequence[OffloadKey]) -> list[Presence]:
         if self._runtime.closed:  # nothing is served after close
             return [Presence.MISS] * len(keys)
         out = []
-        get = self._policy.get
+        get = self._ledger.get
         for key in keys:
             if key in self.unknown_keys:
                 out.append(Presence.UNKNOWN)
@@ -231,13 +230,13 @@ class MemoryTier(Tier):
         if not runs:
             return job.job_id
         self._stats["puts"] += len(keys)
-        policy = self._policy
+        ledger = self._ledger
         fail: dict[int, str] = {}
         skip: set[int] = set()
         evicted: list[OffloadKey] = []
         protected = set(keys)
         for i, key in enumerate(keys):
-            status = policy.get(key)
+            status = ledger.get(key)
             if status is not None:
                 if status.ref_cnt >= 0:
                     skip.add(i)  # records are immutable: already stored is a success
@@ -248,18 +247,15 @@ class MemoryTier(Tier):
             if reason is not None:
                 fail[i] = reason
                 continue
-            if self._count >= self.capacity_blocks:
-                victims = policy.evict(1, protected) if self.capacity_blocks else None
-                if victims is None:
-                    fail[i] = "no_space"
-                    continue
-                for victim, _ in victims:
-                    del self._records[victim]
-                    evicted.append(victim)
-                self._count -= len(victims)
-                self._stats["evictions"] += len(victims)
-            policy.insert(key, BlockStatus(next(self._ids), -1), None)
-            self._count += 1
+            victims = ledger.make_room(1, protected) if self.capacity_blocks else None
+            if victims is None:
+                fail[i] = "no_space"
+                continue
+            for victim in victims:
+                del self._records[victim]
+                evicted.append(victim)
+            self._stats["evictions"] += len(victims)
+            ledger.reserve([key], None)
         return self._enqueue(job, slots, fail, skip, evicted)
 
     def submit_get(
@@ -270,10 +266,12 @@ class MemoryTier(Tier):
         if not runs:
             return job.job_id
         self._stats["gets"] += len(keys)
-        policy = self._policy
+        ledger = self._ledger
         fail: dict[int, str] = {}
+        fresh: list[OffloadKey] = []
+        statuses: list[BlockStatus] = []
         for i, key in enumerate(keys):
-            status = policy.get(key)
+            status = ledger.get(key)
             if status is None or status.ref_cnt < 0:
                 fail[i] = "missing"
                 continue
@@ -281,12 +279,10 @@ class MemoryTier(Tier):
             if reason is not None:
                 fail[i] = reason
                 continue
-            if status.ref_cnt == 0:
-                policy.mark_non_evictable(key)
-            status.ref_cnt += 1
-        fresh = [k for i, k in enumerate(keys) if i not in fail]
-        if fresh:
-            policy.touch(fresh, None)
+            fresh.append(key)
+            statuses.append(status)
+        ledger.pin(fresh, statuses)
+        ledger.access(None, fresh, None)
         return self._enqueue(job, slots, fail)
 
     def submit_delete(self, keys: Sequence[OffloadKey], generation: int = 0) -> int:
@@ -294,25 +290,20 @@ class MemoryTier(Tier):
         job, runs = self._open(JobKind.DELETE, keys, generation)
         if not runs:
             return job.job_id
-        policy = self._policy
+        ledger = self._ledger
         fail: dict[int, str] = {}
         for i, key in enumerate(keys):
-            status = policy.get(key)
-            if status is None:
-                fail[i] = "missing"
-            elif status.ref_cnt != 0:
-                fail[i] = "busy"
-            else:
-                policy.remove(key)
+            if ledger.remove_ready(key):
                 del self._records[key]
-                self._count -= 1
                 self._stats["deletes"] += 1
+            else:
+                fail[i] = "missing" if ledger.get(key) is None else "busy"
         return self._enqueue(job, (), fail)
 
     # ------------------------------------------------------------- completion
     def _complete(self, pending: _Pending, cancelled: bool = False) -> None:
         job, fail = pending.job, dict(pending.fail)
-        policy = self._policy
+        ledger = self._ledger
         view = self.memory.slot_view
         nbytes = 0
         for i, key in enumerate(job.keys):
@@ -329,38 +320,28 @@ class MemoryTier(Tier):
             if job.kind is JobKind.PUT:
                 if i in pending.skip or (i in fail and not cancelled_now):
                     continue
-                status = policy.get(key)
+                status = ledger.get(key)
                 if status is None:  # cannot happen: a pending record is never evicted
                     raise RuntimeError(f"put of {key.hex()} lost its pending record")
                 if cancelled_now:
-                    policy.remove(key)
-                    self._count -= 1
+                    ledger.fail([key])
                     continue
                 self._records[key] = bytes(view(pending.slots[i]))
                 nbytes += self.memory.slot_bytes
                 self._stats["stored"] += 1
-                status.ref_cnt = 0
-                policy.mark_evictable(key)
+                ledger.complete([key])
             elif job.kind is JobKind.GET:
                 if i in fail and not cancelled_now:
-                    if fail[i] == "corrupt" and key in self._records:  # never served again
-                        status = policy.get(key)
-                        if status is not None and status.ref_cnt == 0:
-                            policy.remove(key)
-                            del self._records[key]
-                            self._count -= 1
-                            self._stats["bad_records"] += 1
+                    # A corrupt record is never served again.
+                    if fail[i] == "corrupt" and key in self._records and ledger.remove_ready(key):
+                        del self._records[key]
+                        self._stats["bad_records"] += 1
                     continue
-                status = policy.get(key)
-                if status is None or status.ref_cnt <= 0:
-                    raise RuntimeError(f"get of {key.hex()} lost its pin")
                 if not cancelled_now:
                     view(pending.slots[i])[:] = self._records[key]
                     nbytes += self.memory.slot_bytes
                     self._stats["hits"] += 1
-                status.ref_cnt -= 1
-                if status.ref_cnt == 0:
-                    policy.mark_evictable(key)
+                ledger.unpin([key])
         self._stats["failed_keys"] += len(fail)
         self._stats["bytes_written" if job.kind is JobKind.PUT else "bytes_read"] += nbytes
         job.ok[:] = [i not in fail for i in range(len(job.keys))]

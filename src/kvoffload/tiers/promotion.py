@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 
 from kvoffload.context import ReqContext
 from kvoffload.keys import OffloadKey
-from kvoffload.manager import LookupResult, PrepareStoreOutput
+from kvoffload.manager import LookupResult
 from kvoffload.tiers.base import JobKind, Presence
 from kvoffload.tiers.costs import CPU_TIER, LoadDecider, LoadPlan
 from kvoffload.tiers.tiering_state import RequestState, TierState, request_state
@@ -60,12 +60,6 @@ class TierPromotions(TierWrites):
 
     def _ctx(self, ctx: ReqContext | None) -> ReqContext:
         return ctx if ctx is not None else self._internal
-
-    def _note_store(self, out: PrepareStoreOutput, ctx: ReqContext) -> None:
-        self._forget_cpu(out.evicted_keys)
-        for key, slot in zip(out.keys_to_store, out.store_spec.block_ids, strict=True):
-            self._slots[key] = slot
-            self._pending[key] = ctx
 
     def _negative(self, st: TierState, key: OffloadKey) -> None:
         if not self._max_negative:
@@ -161,29 +155,29 @@ class TierPromotions(TierWrites):
         # Only the keys read below may get slots: a key the bound cut off (or a prefix key
         # evicted since it was seen) would otherwise hold a pending slot no read completes.
         promoted = set(keys)
-        offered = [k for k in prefix if k in promoted or k in self._slots] if prefix else keys
+        slot_of = self.cpu.slot_of
+        offered = [k for k in prefix if k in promoted or slot_of(k) is not None] if prefix else keys
         if not self._make_room(keys, offered):
             self._counters["promotion_allocation_failures"] += 1
             return 0
-        out = self.cpu.prepare_store(offered, ctx)
+        # A promotion is not a store: the CPU's store admission does not veto it.
+        out = self.cpu.reserve_promotion(offered, ctx)
         if out is None:
             self._counters["promotion_allocation_failures"] += 1
             return 0
-        self._note_store(out, ctx)
-        stored = set(out.keys_to_store)
+        slots = dict(zip(out.keys_to_store, out.store_spec.block_ids, strict=True))
         kept = len(keys)
         for i, key in enumerate(keys):
-            if key not in stored:  # rejected by the CPU's admission (or stored meanwhile)
+            if key not in slots:  # cut by a partial store (or stored meanwhile)
                 kept = i
                 self._counters["promotions_cut"] += 1
                 break
         read = set(keys[:kept])
         unread = [k for k in out.keys_to_store if k not in read]
         if unread:  # slots no read will fill: released now, never left pending
-            self.cpu.complete_store(unread, ctx, success=False)
-            self._forget_cpu(unread)
+            self.cpu.complete_promotion(unread, success=False)
         for key, index in zip(keys[:kept], tiers[:kept], strict=True):
-            self._tiers[index].queue.append((key, self._slots[key], ctx))
+            self._tiers[index].queue.append((key, slots[key], ctx))
             self._promoting[key] = index
         return kept
 
@@ -233,7 +227,8 @@ class TierPromotions(TierWrites):
         if self._resetting or not keys:
             return results
         owner = self._ctx(ctx)
-        absent = [k for k in keys if k not in self._slots]
+        slot_of = self.cpu.slot_of
+        absent = [k for k in keys if slot_of(k) is None]
         located = dict(zip(absent, self._locate(absent, owner), strict=True)) if self._tiers else {}
         promote: list[OffloadKey] = []
         promote_at: list[int] = []
@@ -242,7 +237,7 @@ class TierPromotions(TierWrites):
         stop = len(keys)
         end = _MISS  # the verdict of the key that ends the prefix
         for i, key in enumerate(keys):
-            if key in self._slots:
+            if slot_of(key) is not None:
                 hit_tiers.append(CPU_TIER)
                 continue
             verdict, index = located.get(key, (_MISS, -1))

@@ -32,9 +32,7 @@ class TierWrites:
     _evicting: dict[int, list[Any]]  # held victim slot -> [key, writes left]
     _generation: int
     _internal: ReqContext
-    _pending: dict[OffloadKey, ReqContext]
     _resetting: bool
-    _slots: dict[OffloadKey, int]
     _tiers: list[TierState]
     _write_back: list[TierState]
 
@@ -45,11 +43,6 @@ class TierWrites:
     def _drop(self, st: TierState, reason: str, count: int) -> None:
         if count:
             st.drops[reason] += count
-
-    def _forget_cpu(self, keys: Sequence[OffloadKey]) -> None:
-        for key in keys:
-            self._slots.pop(key, None)
-            self._pending.pop(key, None)
 
     def _write(
         self,
@@ -88,7 +81,7 @@ class TierWrites:
             slots = [held[k] for k in fresh]
             st.write_backs += len(fresh)
         else:
-            slots = list(self.cpu.prepare_load(fresh, ctx).block_ids)
+            slots = self.cpu.pin_copy(fresh)  # not a load: no touch, no ``loads``
         step = st.max_batch or len(fresh)
         for start in range(0, len(fresh), step):
             part = tuple(fresh[start : start + step])
@@ -137,7 +130,8 @@ class TierWrites:
         write-back tier leaves unwritten. False: the store must wait for write-backs."""
         if not self._write_back or self._resetting:
             return True
-        new = sum(1 for k in dict.fromkeys(keys) if k not in self._slots)
+        slot_of = self.cpu.slot_of
+        new = sum(1 for k in dict.fromkeys(keys) if slot_of(k) is None)
         if new <= self.cpu.free_blocks:
             return True
         short = new - self.cpu.free_blocks - len(self._evicting)  # held ones free up soon
@@ -165,7 +159,6 @@ class TierWrites:
             return
         self._counters["evicted_ahead"] += len(victims)
         keys = [key for key, _ in victims]
-        self._forget_cpu(keys)
         held = dict(victims)
         writes: Counter[OffloadKey] = Counter()
         for st in self._write_back:

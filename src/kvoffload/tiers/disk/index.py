@@ -1,8 +1,8 @@
 """The disk tier's in-memory index: records by key, their arena slots, pins and byte counts.
 
-Why it pairs the index with a registry policy: the policy (any ``CachePolicy``) decides victims,
-and the pin count on the shared :class:`BlockStatus` is what keeps records being read
-(``ref_cnt > 0``) or written (``ref_cnt == -1``) out of every eviction; the index adds the byte
+Why it pairs the index with a block ledger: the ledger's policy (any ``CachePolicy``) decides
+victims, and the ledger's pins and pending writes (the shared :class:`BlockStatus`) keep
+records being read or written out of every eviction; the index adds the byte
 accounting (committed plus reserved for writes in flight) a byte budget needs, and hands out
 arena slots (lowest free first, so the file stays compact). Not thread-safe: the tier calls it
 under its lock.
@@ -22,6 +22,7 @@ from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 
 from kvoffload.keys import OffloadKey
+from kvoffload.manager.ledger import BlockLedger
 from kvoffload.policies import BlockStatus, CachePolicy
 from kvoffload.policies.state import settle_restored
 
@@ -43,7 +44,7 @@ class DiskIndex:
     """Records by key, with a policy for victims, arena slots and committed/reserved bytes."""
 
     def __init__(self, policy: CachePolicy, max_slots: int) -> None:
-        self.policy = policy
+        self._ledger = BlockLedger(policy, max_slots)  # one ledger slot per record
         self.max_slots = max_slots
         self._entries: dict[OffloadKey, IndexEntry] = {}
         self._free: list[int] = []  # heap of free slots below the high-water mark, on disk
@@ -53,7 +54,10 @@ class DiskIndex:
         self.used_bytes = 0  # records whose write completed
         self.reserved_bytes = 0  # records being written
         self.retired_bytes = 0  # slots out of use for this run (unreadable, erase failed)
-        self._next_id = 0
+
+    @property
+    def policy(self) -> CachePolicy:
+        return self._ledger.policy
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -66,10 +70,6 @@ class DiskIndex:
 
     def items(self) -> Iterator[tuple[OffloadKey, IndexEntry]]:
         return iter(list(self._entries.items()))
-
-    def _status(self, ref_cnt: int) -> BlockStatus:
-        self._next_id += 1
-        return BlockStatus(self._next_id, ref_cnt)
 
     # -------------------------------------------------------------- slots
 
@@ -98,10 +98,8 @@ class DiskIndex:
 
     def add_ready(self, key: OffloadKey, slot: int, nbytes: int, written_ns: int) -> None:
         """A record found in the arena (restart scan), evictable at once."""
-        entry = IndexEntry(slot, nbytes, self._status(0), written_ns)
-        self._entries[key] = entry
+        self._entries[key] = IndexEntry(slot, nbytes, self._ledger.insert_ready(key), written_ns)
         self.used_bytes += nbytes
-        self.policy.insert(key, entry.status)
 
     def rebuild(
         self,
@@ -152,9 +150,9 @@ class DiskIndex:
                 restored.insert(key, entry.status)
             else:
                 status.ref_cnt = 0
+                status.block_id = entry.status.block_id  # the ledger's slot stays the record's
                 entry.status = status
-                self._next_id = max(self._next_id, status.block_id)
-        self.policy = restored
+        self._ledger.bind(restored)
 
     def make_room(
         self, nbytes: int, limit: int, protected: Collection[OffloadKey]
@@ -175,7 +173,7 @@ class DiskIndex:
         n = -(-deficit // unit)
         if n > len(self._entries):
             return None
-        chosen = self.policy.evict(n, protected)
+        chosen = self._ledger.evict(n, protected)
         if chosen is None:
             return None
         victims = []
@@ -205,11 +203,10 @@ class DiskIndex:
             self.unbacked += 1
         else:
             return None
-        self._next_id += 1
-        entry = IndexEntry(slot, nbytes, BlockStatus(self._next_id, -1), 0, False, fresh, backed)
+        (status,) = self._ledger.reserve([key], None)
+        entry = IndexEntry(slot, nbytes, status, 0, False, fresh, backed)
         self._entries[key] = entry
         self.reserved_bytes += nbytes
-        self.policy.insert(key, entry.status)
         return entry
 
     def end_write(self, key: OffloadKey, ok: bool, written_ns: int = 0) -> None:
@@ -224,7 +221,7 @@ class DiskIndex:
                 self.unbacked -= 1
         else:
             del self._entries[key]
-            self.policy.remove(key)
+            self._ledger.fail([key])
             if entry.backed:
                 self.release_slot(entry.slot)
             else:  # still takes new space when written: reused only when no slot on disk is
@@ -236,18 +233,14 @@ class DiskIndex:
         The tier publishes a job's records together when the job ends, tail to head, so the
         policy sees the same order however the I/O threads finished.
         """
-        for key in keys:
-            self._entries[key].status.ref_cnt = 0
-            self.policy.mark_evictable(key)
+        self._ledger.complete(keys)
 
     def begin_read(self, key: OffloadKey) -> IndexEntry | None:
         """Pin a ready record for a read (``None`` if absent, being written or doomed)."""
         entry = self._entries.get(key)
         if entry is None or entry.status.ref_cnt < 0 or entry.doomed:
             return None
-        entry.status.ref_cnt += 1
-        if entry.status.ref_cnt == 1:
-            self.policy.mark_non_evictable(key)
+        self._ledger.pin((key,), (entry.status,))
         return entry
 
     def end_read(self, key: OffloadKey, corrupt: bool) -> IndexEntry | None:
@@ -257,18 +250,16 @@ class DiskIndex:
         calls :meth:`release_slot`.
         """
         entry = self._entries[key]
-        entry.status.ref_cnt -= 1
         if corrupt:
             entry.doomed = True
-        if entry.status.ref_cnt > 0:
+        if not entry.doomed:
+            self._ledger.unpin((key,))
             return None
-        if entry.doomed:
-            del self._entries[key]
-            self.used_bytes -= entry.nbytes
-            self.policy.remove(key)
-            return entry
-        self.policy.mark_evictable(key)
-        return None
+        if not self._ledger.drop_pin(key):
+            return None
+        del self._entries[key]
+        self.used_bytes -= entry.nbytes
+        return entry
 
     def remove_ready(self, key: OffloadKey) -> IndexEntry | None:
         """Drop an unpinned record (a delete); ``None`` if it is pinned or being written.
@@ -276,11 +267,10 @@ class DiskIndex:
         As with :meth:`end_read`, the slot is released by the caller once its header is zeroed.
         """
         entry = self._entries.get(key)
-        if entry is None or entry.status.ref_cnt != 0:
+        if entry is None or not self._ledger.remove_ready(key):
             return None
         del self._entries[key]
         self.used_bytes -= entry.nbytes
-        self.policy.remove(key)
         return entry
 
 
