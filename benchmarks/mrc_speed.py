@@ -84,6 +84,11 @@ def main() -> int:
     parser.add_argument("--salts", type=int, default=2)
     parser.add_argument("--subset", type=float, default=0.02, help="share of requests timed")
     parser.add_argument("--json", type=Path, help="also write the figures here")
+    parser.add_argument(
+        "--parts",
+        default="exact,sampled,sweep",
+        help="which steps to run after generating (comma-separated: exact, sampled, sweep)",
+    )
     args = parser.parse_args()
     out: dict[str, Any] = {"load_average_start": os.getloadavg()}
     print(f"load average {os.getloadavg()}", flush=True)
@@ -103,6 +108,21 @@ def main() -> int:
         flush=True,
     )
 
+    parts = {p.strip() for p in args.parts.split(",") if p.strip()}
+    if "exact" in parts:
+        exact_part(trace, args, out)
+    if "sampled" in parts or "sweep" in parts:
+        sampled_part(trace, args, out, parts)
+    out["peak_mb"] = round(peak_mb(), 1)
+    out["load_average_end"] = os.getloadavg()
+    print(f"peak memory {out['peak_mb']} MB; load average {os.getloadavg()}")
+    if args.json:
+        args.json.write_text(json.dumps(out, indent=2) + "\n")
+    return 0
+
+
+def exact_part(trace: Trace, args: argparse.Namespace, out: dict[str, Any]) -> None:
+    """The exact LRU curve and ``--check`` of its points against full replays."""
     caps = log_capacities(trace, args.points)
     curve = timed("exact_lru", lambda: exact_lru_curve(trace, caps), out)
     out["exact_points"] = len(caps)
@@ -128,8 +148,27 @@ def main() -> int:
         print(f"  exact lru @ {point.capacity}: {point.block_hit_ratio:.4f}, equal: {equal}")
     out["exact_checks"] = checked
 
+
+def sampled_part(
+    trace: Trace, args: argparse.Namespace, out: dict[str, Any], parts: set[str]
+) -> None:
+    """Every built-in sampled, ``--full`` of them checked in full, and the sweep estimate."""
     sweep_caps = parse_capacities(SWEEP_CAPACITIES, trace.num_unique_blocks, trace.block_tokens)
     names = [name for name, *_ in BUILTIN_POLICIES if name != "auto"]
+    if "sampled" in parts:
+        sampled_errors(trace, args, out, names, sweep_caps)
+    if "sweep" in parts:
+        sweep_estimate(trace, args, out, names, sweep_caps)
+
+
+def sampled_errors(
+    trace: Trace,
+    args: argparse.Namespace,
+    out: dict[str, Any],
+    names: list[str],
+    sweep_caps: list[Capacity],
+) -> None:
+    """Every policy in ``names`` sampled at ``sweep_caps``; ``--full`` ones checked in full."""
     specs = [PolicySpec(name) for name in names]
     sampled = timed(
         "sampled_all",
@@ -180,6 +219,17 @@ def main() -> int:
             )
     out["sampled_errors"] = errors
 
+
+def sweep_estimate(
+    trace: Trace,
+    args: argparse.Namespace,
+    out: dict[str, Any],
+    names: list[str],
+    sweep_caps: list[Capacity],
+) -> None:
+    """What ``kvoffload sweep`` of the grid would cost, estimated from replays of a subset."""
+    n = trace.block_accesses
+
     # The sweep of the same grid, estimated: each policy replayed on the first --subset of
     # the requests and on the first request alone; the difference gives its CPU time per
     # access, the one-request replay its fixed cost per cell (the key table of every unique
@@ -200,7 +250,9 @@ def main() -> int:
             costs.append(time.process_time() - cpu)
         per_access = max(0.0, costs[0] - costs[1]) / (part.block_accesses - one.block_accesses)
         sweep_cpu += len(sweep_caps) * (costs[1] + per_access * n)
-    mrc_cpu = out["sampled_all"]["cpu_s"] + out["exact_lru"]["cpu_s"]
+    mrc_cpu = out.get("sampled_all", {}).get("cpu_s", 0.0) + out.get("exact_lru", {}).get(
+        "cpu_s", 0.0
+    )
     out["sweep_estimate"] = {
         "policies": len(names),
         "capacities": len(sweep_caps),
@@ -215,12 +267,6 @@ def main() -> int:
         f"curves: {mrc_cpu:,.1f} s CPU ({sweep_cpu / mrc_cpu:.1f}x)",
         flush=True,
     )
-    out["peak_mb"] = round(peak_mb(), 1)
-    out["load_average_end"] = os.getloadavg()
-    print(f"peak memory {out['peak_mb']} MB; load average {os.getloadavg()}")
-    if args.json:
-        args.json.write_text(json.dumps(out, indent=2) + "\n")
-    return 0
 
 
 if __name__ == "__main__":
