@@ -82,6 +82,15 @@ def main() -> int:
     parser.add_argument("--sample-rate", type=float, default=0.01)
     parser.add_argument("--sample-blocks", type=int, default=256)
     parser.add_argument("--salts", type=int, default=2)
+    parser.add_argument(
+        "--max-sampled-blocks",
+        type=int,
+        default=None,
+        help="SHARDS fixed-size: lower the rate so the draw holds about this many blocks",
+    )
+    parser.add_argument(
+        "--max-blocks", type=int, default=None, help="lower the rate where a miniature is bigger"
+    )
     parser.add_argument("--subset", type=float, default=0.02, help="share of requests timed")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     parser.add_argument(
@@ -168,17 +177,43 @@ def sampled_errors(
     names: list[str],
     sweep_caps: list[Capacity],
 ) -> None:
-    """Every policy in ``names`` sampled at ``sweep_caps``; ``--full`` ones checked in full."""
+    """Every policy in ``names`` sampled at ``sweep_caps``; ``--full`` ones checked in full.
+
+    Each estimate is also given with LRU as a control variate (``sampled_curve``'s
+    ``lru_control``): the sampled LRU's error against the exact curve, subtracted. Its mean
+    over the salts is the plain estimates' mean less the sampled LRU's mean error, so it
+    comes from the same run (the exact curve at the sweep's capacities is timed apart).
+    """
     specs = [PolicySpec(name) for name in names]
     sampled = timed(
         "sampled_all",
         lambda: sampled_curve(
-            trace, sweep_caps, specs, "blocks", args.sample_rate, args.sample_blocks, args.salts
+            trace,
+            sweep_caps,
+            specs,
+            "blocks",
+            args.sample_rate,
+            args.sample_blocks,
+            args.salts,
+            max_sampled_blocks=args.max_sampled_blocks,
+            max_blocks=args.max_blocks,
         ),
         out,
     )
     out["peak_mb_after_sampled"] = round(peak_mb(), 1)
+    out["sample_rates"] = {
+        p.capacity: p.sample_rate for p in sampled.points if p.policy == sampled.points[0].policy
+    }
     estimates = {(p.policy, p.capacity): p for p in sampled.points}
+    exact = timed("exact_lru_sweep_capacities", lambda: exact_lru_curve(trace, sweep_caps), out)
+    exact_lru = {p.capacity: p.block_hit_ratio for p in exact.points}
+    shift = {
+        cap.label: estimates[("lru", cap.label)].block_hit_ratio - exact_lru[cap.label]
+        for cap in sweep_caps
+        if ("lru", cap.label) in estimates
+    }
+    out["sampled_lru_vs_exact"] = {label: round(value, 4) for label, value in shift.items()}
+    print(f"  sampled lru - exact lru: {out['sampled_lru_vs_exact']}", flush=True)
     errors = []
     full_caps = parse_capacities(args.full_capacities, trace.num_unique_blocks, trace.block_tokens)
     for name in [p for p in args.full.split(",") if p]:
@@ -188,18 +223,9 @@ def sampled_errors(
                 lambda name=name, cap=cap: replay(trace, cap.blocks, name, ReplayOptions("blocks")),
                 out,
             )
-            point = estimates.get((name, cap.label))
-            if point is None:  # a capacity outside the sampled grid: sample it alone
-                point = sampled_curve(
-                    trace,
-                    [cap],
-                    [PolicySpec(name)],
-                    "blocks",
-                    args.sample_rate,
-                    args.sample_blocks,
-                    args.salts,
-                ).points[0]
+            point = estimates[(name, cap.label)]  # the full capacities are in the sweep's
             error = point.block_hit_ratio - full.block_hit_ratio
+            controlled = error - shift[cap.label]
             errors.append(
                 {
                     "policy": name,
@@ -210,11 +236,14 @@ def sampled_errors(
                     "error_estimate": point.error_estimate,
                     "rate": point.sample_rate,
                     "within_0.01": abs(error) <= 0.01,
+                    "lru_controlled_error": round(controlled, 4),
+                    "lru_controlled_within_0.01": abs(controlled) <= 0.01,
                 }
             )
             print(
                 f"  {name} @ {cap.label}: full {full.block_hit_ratio:.4f} sampled "
-                f"{point.block_hit_ratio:.4f} error {error:+.4f} (est ±{point.error_estimate})",
+                f"{point.block_hit_ratio:.4f} error {error:+.4f} (est ±{point.error_estimate}); "
+                f"lru-controlled error {controlled:+.4f}",
                 flush=True,
             )
     out["sampled_errors"] = errors
@@ -250,8 +279,9 @@ def sweep_estimate(
             costs.append(time.process_time() - cpu)
         per_access = max(0.0, costs[0] - costs[1]) / (part.block_accesses - one.block_accesses)
         sweep_cpu += len(sweep_caps) * (costs[1] + per_access * n)
-    mrc_cpu = out.get("sampled_all", {}).get("cpu_s", 0.0) + out.get("exact_lru", {}).get(
-        "cpu_s", 0.0
+    mrc_cpu = sum(
+        out.get(step, {}).get("cpu_s", 0.0)
+        for step in ("sampled_all", "exact_lru", "exact_lru_sweep_capacities")
     )
     out["sweep_estimate"] = {
         "policies": len(names),
