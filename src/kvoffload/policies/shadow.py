@@ -442,7 +442,10 @@ class ShadowEvaluator:
         """Feed one access per key (in order) to every miniature; return how many sampled."""
         keys = keys if isinstance(keys, (list, tuple)) else list(keys)
         self.seen += len(keys)
-        picked = keys if self.presampled else self.sampled(keys)
+        if self.presampled:
+            picked: list[OffloadKey] = keys if isinstance(keys, list) else list(keys)
+        else:
+            picked = self.sampled(keys)
         if not picked:
             return 0
         minis = self._minis
