@@ -24,7 +24,11 @@ the shadows ``auto`` uses, with their draw correction). ``sample_rate`` is SHARD
 rate; ``min_blocks`` raises it at small capacities so each miniature holds at least that
 many blocks (fixed size, up to every block). With ``salts > 1`` the curve is the mean of
 that many independent samples (the keys salted), and its error estimate the standard error
-of that mean; with one sample there is no estimate (``None``).
+of that mean; with one sample there is no estimate (``None``). The driver draws the sample
+itself, once per salt, with its own hash (:func:`draw_hashes`), and feeds the miniatures only
+the drawn keys. ``max_sampled_blocks`` (SHARDS fixed-size) and ``max_blocks`` bound the
+sample, so its cost stops growing with the trace; ``lru_control`` takes the luck of the draw
+out of every policy's estimate with LRU as a control variate (its exact curve is known).
 """
 
 from __future__ import annotations
