@@ -82,8 +82,22 @@ def main() -> int:
     parser.add_argument("--sample-rate", type=float, default=0.01)
     parser.add_argument("--sample-blocks", type=int, default=256)
     parser.add_argument("--salts", type=int, default=2)
+    parser.add_argument(
+        "--max-sampled-blocks",
+        type=int,
+        default=None,
+        help="SHARDS fixed-size: lower the rate so the draw holds about this many blocks",
+    )
+    parser.add_argument(
+        "--max-blocks", type=int, default=None, help="lower the rate where a miniature is bigger"
+    )
     parser.add_argument("--subset", type=float, default=0.02, help="share of requests timed")
     parser.add_argument("--json", type=Path, help="also write the figures here")
+    parser.add_argument(
+        "--parts",
+        default="exact,sampled,sweep",
+        help="which steps to run after generating (comma-separated: exact, sampled, sweep)",
+    )
     args = parser.parse_args()
     out: dict[str, Any] = {"load_average_start": os.getloadavg()}
     print(f"load average {os.getloadavg()}", flush=True)
@@ -103,6 +117,21 @@ def main() -> int:
         flush=True,
     )
 
+    parts = {p.strip() for p in args.parts.split(",") if p.strip()}
+    if "exact" in parts:
+        exact_part(trace, args, out)
+    if "sampled" in parts or "sweep" in parts:
+        sampled_part(trace, args, out, parts)
+    out["peak_mb"] = round(peak_mb(), 1)
+    out["load_average_end"] = os.getloadavg()
+    print(f"peak memory {out['peak_mb']} MB; load average {os.getloadavg()}")
+    if args.json:
+        args.json.write_text(json.dumps(out, indent=2) + "\n")
+    return 0
+
+
+def exact_part(trace: Trace, args: argparse.Namespace, out: dict[str, Any]) -> None:
+    """The exact LRU curve and ``--check`` of its points against full replays."""
     caps = log_capacities(trace, args.points)
     curve = timed("exact_lru", lambda: exact_lru_curve(trace, caps), out)
     out["exact_points"] = len(caps)
@@ -128,18 +157,63 @@ def main() -> int:
         print(f"  exact lru @ {point.capacity}: {point.block_hit_ratio:.4f}, equal: {equal}")
     out["exact_checks"] = checked
 
+
+def sampled_part(
+    trace: Trace, args: argparse.Namespace, out: dict[str, Any], parts: set[str]
+) -> None:
+    """Every built-in sampled, ``--full`` of them checked in full, and the sweep estimate."""
     sweep_caps = parse_capacities(SWEEP_CAPACITIES, trace.num_unique_blocks, trace.block_tokens)
     names = [name for name, *_ in BUILTIN_POLICIES if name != "auto"]
+    if "sampled" in parts:
+        sampled_errors(trace, args, out, names, sweep_caps)
+    if "sweep" in parts:
+        sweep_estimate(trace, args, out, names, sweep_caps)
+
+
+def sampled_errors(
+    trace: Trace,
+    args: argparse.Namespace,
+    out: dict[str, Any],
+    names: list[str],
+    sweep_caps: list[Capacity],
+) -> None:
+    """Every policy in ``names`` sampled at ``sweep_caps``; ``--full`` ones checked in full.
+
+    Each estimate is also given with LRU as a control variate (``sampled_curve``'s
+    ``lru_control``): the sampled LRU's error against the exact curve, subtracted. Its mean
+    over the salts is the plain estimates' mean less the sampled LRU's mean error, so it
+    comes from the same run (the exact curve at the sweep's capacities is timed apart).
+    """
     specs = [PolicySpec(name) for name in names]
     sampled = timed(
         "sampled_all",
         lambda: sampled_curve(
-            trace, sweep_caps, specs, "blocks", args.sample_rate, args.sample_blocks, args.salts
+            trace,
+            sweep_caps,
+            specs,
+            "blocks",
+            args.sample_rate,
+            args.sample_blocks,
+            args.salts,
+            max_sampled_blocks=args.max_sampled_blocks,
+            max_blocks=args.max_blocks,
         ),
         out,
     )
     out["peak_mb_after_sampled"] = round(peak_mb(), 1)
+    out["sample_rates"] = {
+        p.capacity: p.sample_rate for p in sampled.points if p.policy == sampled.points[0].policy
+    }
     estimates = {(p.policy, p.capacity): p for p in sampled.points}
+    exact = timed("exact_lru_sweep_capacities", lambda: exact_lru_curve(trace, sweep_caps), out)
+    exact_lru = {p.capacity: p.block_hit_ratio for p in exact.points}
+    shift = {
+        cap.label: estimates[("lru", cap.label)].block_hit_ratio - exact_lru[cap.label]
+        for cap in sweep_caps
+        if ("lru", cap.label) in estimates
+    }
+    out["sampled_lru_vs_exact"] = {label: round(value, 4) for label, value in shift.items()}
+    print(f"  sampled lru - exact lru: {out['sampled_lru_vs_exact']}", flush=True)
     errors = []
     full_caps = parse_capacities(args.full_capacities, trace.num_unique_blocks, trace.block_tokens)
     for name in [p for p in args.full.split(",") if p]:
@@ -149,18 +223,9 @@ def main() -> int:
                 lambda name=name, cap=cap: replay(trace, cap.blocks, name, ReplayOptions("blocks")),
                 out,
             )
-            point = estimates.get((name, cap.label))
-            if point is None:  # a capacity outside the sampled grid: sample it alone
-                point = sampled_curve(
-                    trace,
-                    [cap],
-                    [PolicySpec(name)],
-                    "blocks",
-                    args.sample_rate,
-                    args.sample_blocks,
-                    args.salts,
-                ).points[0]
+            point = estimates[(name, cap.label)]  # the full capacities are in the sweep's
             error = point.block_hit_ratio - full.block_hit_ratio
+            controlled = error - shift[cap.label]
             errors.append(
                 {
                     "policy": name,
@@ -171,14 +236,28 @@ def main() -> int:
                     "error_estimate": point.error_estimate,
                     "rate": point.sample_rate,
                     "within_0.01": abs(error) <= 0.01,
+                    "lru_controlled_error": round(controlled, 4),
+                    "lru_controlled_within_0.01": abs(controlled) <= 0.01,
                 }
             )
             print(
                 f"  {name} @ {cap.label}: full {full.block_hit_ratio:.4f} sampled "
-                f"{point.block_hit_ratio:.4f} error {error:+.4f} (est ±{point.error_estimate})",
+                f"{point.block_hit_ratio:.4f} error {error:+.4f} (est ±{point.error_estimate}); "
+                f"lru-controlled error {controlled:+.4f}",
                 flush=True,
             )
     out["sampled_errors"] = errors
+
+
+def sweep_estimate(
+    trace: Trace,
+    args: argparse.Namespace,
+    out: dict[str, Any],
+    names: list[str],
+    sweep_caps: list[Capacity],
+) -> None:
+    """What ``kvoffload sweep`` of the grid would cost, estimated from replays of a subset."""
+    n = trace.block_accesses
 
     # The sweep of the same grid, estimated: each policy replayed on the first --subset of
     # the requests and on the first request alone; the difference gives its CPU time per
@@ -200,7 +279,10 @@ def main() -> int:
             costs.append(time.process_time() - cpu)
         per_access = max(0.0, costs[0] - costs[1]) / (part.block_accesses - one.block_accesses)
         sweep_cpu += len(sweep_caps) * (costs[1] + per_access * n)
-    mrc_cpu = out["sampled_all"]["cpu_s"] + out["exact_lru"]["cpu_s"]
+    mrc_cpu = sum(
+        out.get(step, {}).get("cpu_s", 0.0)
+        for step in ("sampled_all", "exact_lru", "exact_lru_sweep_capacities")
+    )
     out["sweep_estimate"] = {
         "policies": len(names),
         "capacities": len(sweep_caps),
@@ -215,12 +297,6 @@ def main() -> int:
         f"curves: {mrc_cpu:,.1f} s CPU ({sweep_cpu / mrc_cpu:.1f}x)",
         flush=True,
     )
-    out["peak_mb"] = round(peak_mb(), 1)
-    out["load_average_end"] = os.getloadavg()
-    print(f"peak memory {out['peak_mb']} MB; load average {os.getloadavg()}")
-    if args.json:
-        args.json.write_text(json.dumps(out, indent=2) + "\n")
-    return 0
 
 
 if __name__ == "__main__":

@@ -14,6 +14,14 @@ recorder's writer thread and its final drain included; interleaved pairs, median
 
     python benchmarks/policy_cost.py --recorder --runs 5
 
+Timings that noisy cannot check a few percent, so ``--recorder-child`` runs one process for
+valgrind to count: ``setup`` (trace loaded, keys and contexts built), ``plain`` (setup plus
+one replay without a recorder) or ``recorder`` (with one, closed at the end); with
+``--separate-threads=yes`` the serving thread and the writer thread are counted apart:
+
+    valgrind --tool=callgrind --separate-threads=yes \
+        python benchmarks/policy_cost.py --recorder-child recorder
+
 ``--base-loops`` instead compares each policy with itself on the base class's generic
 ``insert_many`` / ``mark_evictable_many`` loops (its ratio: base loops / its batched
 overrides). A built-in keeps a batched override only where this shows a clear gain (the
@@ -70,8 +78,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="the LRU manager with a TraceRecorder against without (CPU seconds)",
     )
+    parser.add_argument(
+        "--recorder-child",
+        choices=("setup", "plain", "recorder"),
+        help="one process for an instruction count (see above)",
+    )
     args = parser.parse_args(argv)
     trace, capacity = load_replay_trace(parser, args)
+    if args.recorder_child:
+        return recorder_child(trace, capacity, args.recorder_child)
     if args.recorder:
         return recorder_cost(trace, capacity, args)
     policies = [p.strip() for p in args.policies.split(",") if p.strip()] or [
@@ -102,6 +117,36 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"{statistics.median(r for _, r in pairs):>16.0f} {ratio:>13.2f}x"
         )
     print(f"\nworst ratio to {other}: {worst:.2f}x")
+    return 0
+
+
+def recorder_child(trace: object, capacity: int, mode: str) -> int:
+    """One replay (or none: ``setup``) for valgrind to count; prints the hits."""
+    import gc
+
+    from kvoffload.manager import CPUOffloadingManager, TraceRecorder
+
+    lib = load_ours()
+    keys = build_keys(lib, [r.block_ids for r in trace.requests])  # type: ignore[attr-defined]
+    block_tokens = trace.block_tokens  # type: ignore[attr-defined]
+    contexts = make_contexts(lib, keys, block_tokens, positions=True)
+    gc.freeze()  # the setup's objects out of the collector's sight, as in ab_instructions.py
+    if mode == "setup":
+        return 0
+    with tempfile.TemporaryDirectory() as tmp:
+        recorder = (
+            TraceRecorder(f"{tmp}/t.jsonl", block_tokens=block_tokens)
+            if mode == "recorder"
+            else None
+        )
+        ours = dataclasses.replace(
+            lib, manager_cls=functools.partial(CPUOffloadingManager, recorder=recorder)
+        )
+        hits, _ns = replay_trace(ours, "lru", capacity, keys, contexts)
+        if recorder is not None:
+            recorder.close()
+            print(f"recorder: {recorder.stats()}")
+    print(f"hits {hits}")
     return 0
 
 

@@ -143,3 +143,86 @@ def test_prefix_mode_curve_is_the_prefix_replay() -> None:
         full = replay(trace, point.capacity_blocks, "lru")
         assert point.prefix_hit_blocks == full.prefix_hit_blocks
         assert point.block_hits == full.block_hits
+
+
+def test_the_draw_takes_the_hot_blocks_at_its_rate() -> None:
+    # A generated trace numbers each prompt's blocks one after another; a hash whose draw
+    # depends on that layout (CRC-32's: 0.91 of the rate here, for every salt alike) biases
+    # every sampled curve the same way, and the salts' spread cannot show it.
+    from collections import Counter
+    from statistics import fmean
+
+    from kvoffload.sim.mrc import draw_hashes
+
+    trace = generate_workload(WorkloadConfig(seed=0, requests=20_000))
+    counts = Counter(b for r in trace.requests for b in r.block_ids)
+    hot = [block for block, _ in counts.most_common(500)]
+    total = sum(counts[b] for b in hot)
+    rate, threshold = 0.1, int(0.1 * (1 << 32))
+    shares = []
+    for salt in range(32):
+        hashes = draw_hashes(max(hot) + 1, salt)
+        shares.append(sum(counts[b] for b in hot if hashes[b] < threshold) / total / rate)
+    assert 0.95 <= fmean(shares) <= 1.05
+    assert len(set(draw_hashes(1000, 0))) > 990  # a 32-bit hash, not a few values
+
+
+def test_lru_control_makes_lru_exact_and_moves_every_policy_alike() -> None:
+    trace = generate_workload(WorkloadConfig(seed=2, requests=600))
+    caps = parse_capacities("5%,20%", trace.num_unique_blocks, 512)
+    specs = [PolicySpec("lru"), PolicySpec("arc")]
+    plain = sampled_curve(trace, caps, specs, sample_rate=0.1, min_blocks=0)
+    controlled = sampled_curve(trace, caps, specs, sample_rate=0.1, min_blocks=0, lru_control=True)
+    exact = {p.capacity: p.block_hit_ratio for p in exact_lru_curve(trace, caps).points}
+    raw = {(p.policy, p.capacity): p.block_hit_ratio for p in plain.points}
+    for point in controlled.points:
+        shift = raw[("lru", point.capacity)] - exact[point.capacity]
+        assert shift != 0.0  # the sample's luck, which the control takes out
+        expected = raw[(point.policy, point.capacity)] - shift
+        assert point.block_hit_ratio == pytest.approx(expected, abs=1e-12)
+    # LRU fed as the control without being asked for: only the policies asked for come back
+    (only_arc,) = sampled_curve(
+        trace, caps[:1], [PolicySpec("arc")], sample_rate=0.1, min_blocks=0, lru_control=True
+    ).points
+    assert only_arc.policy == "arc"
+    assert only_arc.block_hit_ratio == pytest.approx(
+        raw[("arc", caps[0].label)] - (raw[("lru", caps[0].label)] - exact[caps[0].label]),
+        abs=1e-12,
+    )
+    with pytest.raises(ValueError, match="blocks"):
+        sampled_curve(trace, caps, specs, "prefix", lru_control=True)
+
+
+def test_fixed_size_and_miniature_bounds_lower_the_rate() -> None:
+    trace = generate_workload(WorkloadConfig(seed=3, requests=400))
+    caps = parse_capacities("5%,50%", trace.num_unique_blocks, 512)
+    fixed = sampled_curve(
+        trace,
+        caps,
+        [PolicySpec("lru")],
+        sample_rate=0.5,
+        min_blocks=0,
+        max_sampled_blocks=trace.num_unique_blocks // 10,
+        max_blocks=caps[1].blocks // 20,
+    )
+    small, big = fixed.points
+    assert small.sample_rate == pytest.approx(0.1, rel=0.01)  # the draw's bound
+    assert big.sample_rate == pytest.approx(0.05, rel=0.01)  # the miniature's bound
+    with pytest.raises(ValueError, match="max_blocks"):
+        sampled_curve(trace, caps, [PolicySpec("lru")], min_blocks=256, max_blocks=100)
+
+
+def test_a_presampled_shadow_takes_every_key_it_is_given() -> None:
+    from kvoffload.keys import int_key
+    from kvoffload.policies.shadow import ShadowEvaluator
+
+    keys = [int_key(i) for i in range(2000)]
+    for presampled, fed in ((True, 2000), (False, None)):
+        shadow = ShadowEvaluator(
+            1000, ["lru"], sample_rate=0.01, protocol="blocks", presampled=presampled
+        )
+        count = shadow.record(keys)
+        if fed is None:
+            assert count < 100  # its own hash keeps about 1% of them
+        else:
+            assert count == fed and shadow.accesses == fed

@@ -48,6 +48,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from kvoffload.context import ReqContext
+from kvoffload.manager.recorder import TraceRecorder
 from kvoffload.offloader import KVOffloader, OffloaderStats
 
 #: The transformers releases this module is tested with (it passes the cache as ``cache=``).
@@ -210,6 +211,9 @@ class PrefixCache:
             digest of config and weights). Blocks of different identities never meet.
         split_prefill: prefill in pieces cut at block boundaries (bit-identical logits
             between cold and warm requests); ``False``: one forward over the uncached rest.
+        recorder: a :class:`~kvoffload.manager.recorder.TraceRecorder` that writes every
+            request as the trace ``kvoffload simulate`` replays (or the config key
+            ``record_trace="trace.jsonl"``); :meth:`close` closes it.
         policy / tiers / tier_wait_s / **config: passed to :class:`KVOffloader` (e.g.
             ``tiers=[{"type": "disk", "path": ..., "capacity_bytes": "2GiB"}]``).
     """
@@ -224,6 +228,7 @@ class PrefixCache:
         model_id: str | None = None,
         split_prefill: bool = True,
         policy: str = "lru",
+        recorder: TraceRecorder | None = None,
         **config: Any,
     ) -> None:
         text = model.config.get_text_config(decoder=True)
@@ -261,6 +266,8 @@ class PrefixCache:
         self.offloader = KVOffloader(
             self.buffers, cpu_bytes, policy, kind="heads_first", namespace=self.model_id, **config
         )
+        if recorder is not None:
+            self.offloader.manager.set_recorder(recorder)  # type: ignore[attr-defined]
         self._stats = PrefixCacheStats()
 
     # ------------------------------------------------------------------ requests
@@ -372,9 +379,23 @@ class PrefixCache:
             self.offloader.stats(),
         )
 
+    @property
+    def recorder(self) -> TraceRecorder | None:
+        """The trace recorder the manager writes into (``recorder=`` or ``record_trace``)."""
+        manager = self.offloader.manager
+        cpu = getattr(manager, "cpu", manager)  # a tiering manager records in its CPU tier
+        found = getattr(cpu, "recorder", None)
+        return found if isinstance(found, TraceRecorder) else None
+
     def close(self) -> None:
-        """Finish the stores (and the tiers' writes) and release the offloader."""
-        self.offloader.close()
+        """Finish the stores (and the tiers' writes), release the offloader, and write out
+        and close the trace recorder, if any."""
+        recorder = self.recorder
+        try:
+            self.offloader.close()
+        finally:
+            if recorder is not None:
+                recorder.close()
 
     def __enter__(self) -> PrefixCache:
         return self

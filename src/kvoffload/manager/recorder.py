@@ -10,8 +10,10 @@ keys differ in width)::
     {"keys_hex": "<key><key>...", "key_bytes": 12, "timestamp": 12.5, "input_length": 1800,
      "output_length": 120, "request_id": "r1", "session_id": "s1", "category": "chat"}
 
-It stays off the hot path: the manager's side is a list append per call and one append to a
-bounded queue per request; a background thread does the encoding and the writing. When
+It stays off the hot path: the manager's side extends one list per request (the request's
+only object here, kept in its context) and, when it finishes, appends a reference to it to a
+bounded queue; a background thread does the rest in batches (the key-width check, the join
+and hex of the keys, the line, one write per batch). When
 the queue is full (the disk is slower than the traffic) the request is dropped and counted
 (:attr:`dropped`), never waited for. Files rotate at ``max_bytes``: ``trace.jsonl``, then
 ``trace-1.jsonl``, ``trace-2.jsonl`` ...; with ``max_files`` the oldest go.
@@ -34,17 +36,16 @@ from typing import BinaryIO
 from kvoffload._checks import check_int, check_number
 from kvoffload.context import ReqContext
 
-_Entry = tuple[list[bytes], str, float, int | None, int | None, str | None, str | None]
+_Entry = tuple["_Recording", str, int | None, int | None, str | None, str | None]
 
 
-class _Recording:
-    """One request's keys so far and when it was first seen (kept in its context)."""
+class _Recording(list[bytes]):
+    """One request's keys so far (the list itself: one object per request for the collector
+    to track, not two) and when it was first seen; kept in its context until it finishes."""
 
-    __slots__ = ("keys", "started")
+    __slots__ = ("started",)
 
-    def __init__(self, started: float) -> None:
-        self.keys: list[bytes] = []
-        self.started = started
+    started: float
 
 
 class TraceRecorder:
@@ -111,34 +112,30 @@ class TraceRecorder:
     # ----------------------------------------------------------- the manager's side
     def add_keys(self, ctx: ReqContext, keys: Sequence[bytes]) -> None:
         """Note keys the request ``ctx`` accessed (in order; repeats are dropped at write)."""
-        state = ctx.get_state(_Recording)
+        # The context's state dict directly, not get_state/set_state: this runs on every
+        # prepare_load and prepare_store, and two calls fewer per request are most of its cost.
+        states = ctx._state
+        state: _Recording | None = states.get(_Recording)  # type: ignore[assignment]
         if state is None:
-            state = _Recording(self._clock() if ctx.timestamp is None else ctx.timestamp)
-            ctx.set_state(state)
-        state.keys.extend(keys)
+            state = states[_Recording] = _Recording(keys)
+            state.started = self._clock() if ctx.timestamp is None else ctx.timestamp
+        else:
+            state += keys
 
     def finish(self, ctx: ReqContext) -> None:
         """Queue the finished request ``ctx`` for writing (or count it dropped)."""
-        state = ctx.get_state(_Recording)
-        if state is None or not state.keys or self._closed:
+        state: _Recording | None = ctx._state.pop(_Recording, None)  # type: ignore[assignment]
+        if not state or self._closed:
             return
-        keys, state.keys = state.keys, []
-        if self._pending_keys - self._taken_keys + len(keys) > self.max_pending_keys:
+        pending = self._pending_keys - self._taken_keys + len(state)
+        if pending > self.max_pending_keys:
             self.dropped += 1
             return
-        self._pending_keys += len(keys)
-        if self._pending_keys - self._taken_keys > self._high_water:
+        self._pending_keys += len(state)
+        if pending > self._high_water:
             self._wake.set()
         self._queue.append(
-            (
-                keys,
-                ctx.req_id,
-                state.started,
-                ctx.prompt_tokens,
-                ctx.output_tokens,
-                ctx.session_id,
-                ctx.category,
-            )
+            (state, ctx.req_id, ctx.prompt_tokens, ctx.output_tokens, ctx.session_id, ctx.category)
         )
         self.recorded += 1
 
@@ -158,51 +155,63 @@ class TraceRecorder:
         return name.open("wb")
 
     def _line(self, entry: _Entry) -> bytes:
-        keys, req_id, started, prompt, output, session, category = entry
+        keys, req_id, prompt, output, session, category = entry
         width = len(keys[0])
+        n = len(keys)
         blob = b"".join(keys)
-        if len(blob) == width * len(keys) and max(map(len, keys)) == width:
+        if len(blob) == width * n and list(map(len, keys)).count(width) == n:
             # Keys of one width (an engine's usual case): one hex conversion for the request;
             # repeats are dropped when read (the keys_hex format).
-            n = len(keys)
             head = b'{"keys_hex":"%s","key_bytes":%d' % (hexlify(blob), width)
         else:
             unique = list(dict.fromkeys(keys))
             n = len(unique)
-            ids = '","'.join(map(bytes.hex, unique))
-            head = b'{"hash_ids":["%s"]' % ids.encode()
+            head = b'{"hash_ids":["%s"]' % '","'.join(map(bytes.hex, unique)).encode()
         # Microseconds in integer arithmetic: a float's shortest repr costs several times more.
-        whole, micros = divmod(round(started * 1_000_000), 1_000_000)
-        parts = [head, b',"timestamp":%d.%06d' % (whole, micros)]
+        whole, micros = divmod(round(keys.started * 1_000_000), 1_000_000)
         bt = self.block_tokens
+        tail = b""
         if prompt is not None and bt is not None and (n - 1) * bt < prompt <= n * bt:
-            parts.append(b',"input_length":%d' % prompt)
+            tail = b',"input_length":%d' % prompt
         if output:
-            parts.append(b',"output_length":%d' % output)
-        parts.append(b',"request_id":%s' % _quote(req_id).encode())
+            tail += b',"output_length":%d' % output
         if session is not None:
-            parts.append(b',"session_id":%s' % _quote(session).encode())
+            tail += b',"session_id":%s' % _quote(session).encode()
         if category is not None:
-            parts.append(b',"category":%s' % _quote(category).encode())
-        parts.append(b"}\n")
-        return b"".join(parts)
+            tail += b',"category":%s' % _quote(category).encode()
+        return b'%s,"timestamp":%d.%06d%s,"request_id":%s}\n' % (
+            head,
+            whole,
+            micros,
+            tail,
+            _quote(req_id).encode(),
+        )
 
     def _write_pending(self) -> None:
         queue = self._queue
         out = self._file
+        lines: list[bytes] = []
+        size = self._size
+        taken = 0
         while queue:
             entry = queue.popleft()
-            self._taken_keys += len(entry[0])
+            taken += len(entry[0])
             line = self._line(entry)
-            size = len(line)
-            if self._size and self._size + size > self.max_bytes:
+            if size and size + len(line) > self.max_bytes:
+                out.write(b"".join(lines))
+                self.written += len(lines)
+                lines.clear()
                 out.close()
                 out = self._file = self._open()
-                self._size = 0
-            out.write(line)
-            self._size += size
-            self.written += 1
+                size = 0
+            lines.append(line)
+            size += len(line)
+        self._size = size
+        self._taken_keys += taken
+        if lines:
+            out.write(b"".join(lines))
         out.flush()
+        self.written += len(lines)
 
     def _run(self) -> None:
         try:
@@ -219,9 +228,11 @@ class TraceRecorder:
         """Wait until every queued request is written (False: not within ``timeout``)."""
         deadline = time.monotonic() + timeout
         self._wake.set()
-        while self._queue and time.monotonic() < deadline and self._thread.is_alive():
+        while (
+            self.written < self.recorded and time.monotonic() < deadline and self._thread.is_alive()
+        ):
             time.sleep(0.005)
-        return not self._queue
+        return self.written >= self.recorded
 
     def close(self) -> None:
         """Write what is queued, stop the thread and close the file (idempotent)."""

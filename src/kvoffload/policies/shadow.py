@@ -341,6 +341,10 @@ class ShadowEvaluator:
         min_shadow_blocks: raise the rate so a miniature holds at least this many blocks.
         window: sampled accesses per window of the recent estimate.
         decay: weight the recent estimate keeps from the windows before (0 = last only).
+        presampled: the caller draws the sample itself, with a hash of its own at
+            :attr:`threshold` (an offline driver that knows every block up front), and feeds
+            only sampled keys: :meth:`record` takes them all, and :meth:`offered` counts the
+            rest.
 
     ``record(keys, ctx)`` feeds one access per key, in order; ``estimates()`` reads them.
     """
@@ -354,6 +358,7 @@ class ShadowEvaluator:
         window: int = 1000,
         decay: float = 0.5,
         protocol: str = "requests",
+        presampled: bool = False,
     ) -> None:
         capacity = check_int("capacity", capacity, 0, 2**62)
         self.sample_rate = check_number(
@@ -365,6 +370,7 @@ class ShadowEvaluator:
         if protocol not in PROTOCOLS:
             raise ValueError(f"protocol must be one of {', '.join(PROTOCOLS)}, got {protocol!r}")
         self.protocol = protocol
+        self.presampled = presampled
         if isinstance(candidates, (str, bytes)) or not isinstance(candidates, Sequence):
             raise TypeError("candidates must be a sequence of policy names or (name, params)")
         if not candidates:
@@ -436,7 +442,10 @@ class ShadowEvaluator:
         """Feed one access per key (in order) to every miniature; return how many sampled."""
         keys = keys if isinstance(keys, (list, tuple)) else list(keys)
         self.seen += len(keys)
-        picked = self.sampled(keys)
+        if self.presampled:
+            picked: list[OffloadKey] = keys if isinstance(keys, list) else list(keys)
+        else:
+            picked = self.sampled(keys)
         if not picked:
             return 0
         minis = self._minis

@@ -24,7 +24,11 @@ the shadows ``auto`` uses, with their draw correction). ``sample_rate`` is SHARD
 rate; ``min_blocks`` raises it at small capacities so each miniature holds at least that
 many blocks (fixed size, up to every block). With ``salts > 1`` the curve is the mean of
 that many independent samples (the keys salted), and its error estimate the standard error
-of that mean; with one sample there is no estimate (``None``).
+of that mean; with one sample there is no estimate (``None``). The driver draws the sample
+itself, once per salt, with its own hash (:func:`draw_hashes`), and feeds the miniatures only
+the drawn keys. ``max_sampled_blocks`` (SHARDS fixed-size) and ``max_blocks`` bound the
+sample, so its cost stops growing with the trace; ``lru_control`` takes the luck of the draw
+out of every policy's estimate with LRU as a control variate (its exact curve is known).
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ from typing import Any
 
 from kvoffload.context import ReqContext
 from kvoffload.keys import OffloadKey, int_key
-from kvoffload.policies.shadow import ShadowEvaluator, sample_hash, sampling_rate
+from kvoffload.policies.shadow import ShadowEvaluator, sampling_rate
 from kvoffload.sim.capacity import Capacity
 from kvoffload.sim.records import Trace, TraceRequest
 from kvoffload.sim.replay import PolicySpec, ReplayOptions, _repeat_free_segments, replay
@@ -440,10 +444,33 @@ class _Draw:
     keys: dict[int, OffloadKey]
 
 
+_M64 = (1 << 64) - 1
+
+
+def draw_hashes(count: int, salt: int) -> array[int]:
+    """Block ids ``0 .. count - 1``'s 32-bit sampling hashes for ``salt`` (splitmix64).
+
+    Not the shadows' :func:`~kvoffload.policies.shadow.sample_hash`: that is CRC-32 based,
+    and CRC is linear, so the blocks it keeps depend on how the ids are laid out (a generated
+    trace numbers a prompt's blocks one after another), and appending a salt byte maps every
+    block's CRC by the same affine map, so salted draws are far from independent. Both bias a curve
+    (every salt alike, so the salts' spread does not show it); a full 64-bit mix of the id
+    and the salt does not.
+    """
+    offset = (salt * 0xD1B54A32D192ED03) & _M64
+    out = array("I", bytes(4 * count))
+    for i in range(count):
+        z = (i * 0x9E3779B97F4A7C15 + offset) & _M64
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _M64
+        out[i] = (z ^ (z >> 31)) >> 32
+    return out
+
+
 def _draw(trace: Trace, salt: int, threshold: int) -> _Draw:
     """The accesses whose block hashes below ``threshold`` (keys salted with ``salt``)."""
     suffix = b"" if salt == 0 else bytes([salt])
-    hashes = array("I", (sample_hash(int_key(i) + suffix) for i in range(trace.num_unique_blocks)))
+    hashes = draw_hashes(trace.num_unique_blocks, salt)
     requests = []
     for index, request in enumerate(trace.requests):
         positions = [t for t, i in enumerate(request.block_ids) if hashes[i] < threshold]
@@ -499,6 +526,7 @@ def _sampled_once(
         min_shadow_blocks=min_blocks,
         window=1 << 62,
         protocol="blocks" if mode == "blocks" else "requests",
+        presampled=True,  # the draw's own hash picked the keys (see draw_hashes)
     )
     threshold = shadow.threshold
     hashes, keys, bt = draw.hashes, draw.keys, trace.block_tokens
@@ -552,13 +580,35 @@ def sampled_curve(
     min_blocks: int = 256,
     salts: int = 1,
     measure: Measure | None = None,
+    *,
+    max_sampled_blocks: int | None = None,
+    max_blocks: int | None = None,
+    lru_control: bool = False,
 ) -> Curves:
     """Every policy's estimated block hit ratio at every capacity (see the module docstring).
 
+    ``max_sampled_blocks`` (SHARDS fixed-size) lowers ``sample_rate`` so that the draw holds
+    about that many of the trace's distinct blocks: the sampled stream, and the time, stop
+    growing with the trace. ``max_blocks`` lowers the rate of a capacity whose miniature would
+    be bigger than that (a miniature's estimate depends on its size, not on the capacity it
+    stands for); ``min_blocks`` still raises the rate of the small ones.
+
+    ``lru_control`` (blocks mode) uses LRU as a control variate: every sample also runs an
+    LRU miniature, whose error against the exact LRU curve (stack distances, one pass) is
+    known; that error is subtracted from every policy's estimate of the same sample. The
+    policies' errors move together (they see the same sampled blocks: a hot block drawn or
+    missed raises or lowers them all), so most of the luck of the draw goes; LRU's own
+    point becomes exact.
+
     Windows are not estimated (a window's sample is too small to say much); a warm-up is.
     """
+    if lru_control and mode != "blocks":
+        raise ValueError("lru_control needs mode 'blocks' (the exact LRU curve is blocks mode)")
     if salts < 1 or salts > 255:
         raise ValueError(f"salts must be in 1..255, got {salts}")
+    for name, bound in (("max_sampled_blocks", max_sampled_blocks), ("max_blocks", max_blocks)):
+        if bound is not None and bound < max(1, min_blocks):
+            raise ValueError(f"{name} must be >= max(1, min_blocks), got {bound}")
     measure = measure or Measure()
     if measure.window_s is not None:
         raise ValueError("sampled curves have no per-window figures; drop window_s")
@@ -573,22 +623,38 @@ def sampled_curve(
         for r in measured
         if r.block_ids
     )
+    base_rate = sample_rate
+    if max_sampled_blocks is not None and trace.num_unique_blocks:
+        base_rate = min(base_rate, max_sampled_blocks / trace.num_unique_blocks)
+    rates = [
+        min(base_rate, max_blocks / c.blocks) if max_blocks is not None and c.blocks else base_rate
+        for c in capacities
+    ]
     # One draw per salt, at the highest rate any capacity needs (each capacity's miniature
     # keeps the blocks below its own threshold), held one at a time.
     thresholds = [
-        min(1 << 32, int(sampling_rate(c.blocks, sample_rate, min_blocks) * (1 << 32)))
-        for c in capacities
+        min(1 << 32, int(sampling_rate(c.blocks, rate, min_blocks) * (1 << 32)))
+        for c, rate in zip(capacities, rates, strict=True)
     ]
     top = max(thresholds, default=0)
     runs_by_cap: list[list[tuple[dict[str, float], float]]] = [[] for _ in capacities]
+    fed = list(policies)
+    exact: list[float] = []
+    if lru_control:
+        lru = PolicySpec("lru")
+        if all(_label(spec) != _label(lru) for spec in fed):
+            fed.append(lru)
+        exact = [p.block_hit_ratio for p in exact_lru_curve(trace, capacities, measure).points]
     for salt in range(salts):
         draw = _draw(trace, salt, top)
-        for j, cap in enumerate(capacities):
-            runs_by_cap[j].append(
-                _sampled_once(
-                    trace, policies, cap.blocks, draw, mode, sample_rate, min_blocks, first
-                )
+        for j, (cap, rate) in enumerate(zip(capacities, rates, strict=True)):
+            estimates, used = _sampled_once(
+                trace, fed, cap.blocks, draw, mode, rate, min_blocks, first
             )
+            if lru_control:
+                shift = estimates[_label(PolicySpec("lru"))] - exact[j]
+                estimates = {name: value - shift for name, value in estimates.items()}
+            runs_by_cap[j].append((estimates, used))
         del draw
     points: list[CurvePoint] = []
     for cap, runs in zip(capacities, runs_by_cap, strict=True):
