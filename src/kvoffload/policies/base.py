@@ -105,6 +105,12 @@ class CachePolicy(ABC):
     #: without setting it again gets ``True`` (its ``touch`` may learn from misses).
     touches_misses: ClassVar[bool] = True
 
+    #: Parameters this policy counts in accesses (or inserts), by attribute name: a miniature
+    #: of it on a sample of ``rate`` of the keys (``kvoffload.policies.shadow``) sees ``rate``
+    #: times the accesses, so it gets them scaled by ``rate`` as its capacity is, or its
+    #: clocks would run ``1 / rate`` times slow and it would decide like a bigger cache.
+    access_count_params: ClassVar[tuple[str, ...]] = ()
+
     def __init_subclass__(cls, **kwargs: object) -> None:
         """The one batching rule: a batched call always honours the class's single calls.
 

@@ -104,6 +104,7 @@ class KVAwareCachePolicy(CachePolicy):
     """KV-aware: learns reuse odds per block class online, evicts the least likely reused."""
 
     name = "kvaware"
+    access_count_params = ("decay_window",)
     touches_misses = False  # ghost hits are recognised at insert
 
     def __init__(

@@ -40,6 +40,7 @@ class MQCachePolicy(CachePolicy):
     """Multi-Queue (ATC'01): LRU queues by access count, with lifetime-based demotion."""
 
     name = "mq"
+    access_count_params = ("lifetime",)
 
     def __init__(
         self,
