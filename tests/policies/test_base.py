@@ -250,6 +250,16 @@ def test_the_whole_calls_written_by_hand_still_work() -> None:
     with pytest.raises(TypeError, match="evict_keys"):
         NoEviction(4)  # type: ignore[abstract]
 
+    from kvoffload.policies.lru import LRUCachePolicy
+
+    class WrapsEvict(LRUCachePolicy):  # a whole evict over the inherited one
+        def evict(self, n: int, protected: Any) -> Any:
+            return super().evict(n, protected)
+
+    wrapped = WrapsEvict(4)
+    wrapped.insert(keys[0], statuses[0])
+    assert wrapped.evict(1, set()) == [(keys[0], statuses[0])]
+
 
 def test_overriding_on_insert_brings_back_the_hook_loop() -> None:
     from kvoffload.policies.lru import LRUCachePolicy

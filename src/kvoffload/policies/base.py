@@ -117,7 +117,8 @@ class CachePolicy(ABC):
         A class that overrides ``insert``, ``on_insert`` or ``mark_evictable`` but not its
         batched twin (``insert_many``, ``on_insert_many``, ``mark_evictable_many``) gets the
         base loop over its single call back, so an ancestor's batched fast path never skips
-        the subclass's hook. One that overrides ``evict`` whole needs no :meth:`evict_keys`.
+        the subclass's hook. One that overrides ``evict`` whole needs no :meth:`evict_keys` (an
+        inherited one stays, for its ``super().evict``).
         One that overrides ``touch`` but not ``touches_misses`` gets ``touches_misses =
         True``; one that overrides ``get`` but not ``block_table`` gets no table view (the
         manager then calls its ``get``).
@@ -128,7 +129,7 @@ class CachePolicy(ABC):
         for single, batched, loop in _BATCHED_BY_SINGLE:
             if single in own and batched not in own:
                 setattr(cls, batched, base[loop])
-        if "evict" in own and "evict_keys" not in own:
+        if "evict" in own and getattr(cls.evict_keys, "__isabstractmethod__", False):
             cls.evict_keys = base["_evict_keys_unused"]  # type: ignore[method-assign]
         if "touch" in own and "touches_misses" not in own:
             cls.touches_misses = True
