@@ -245,7 +245,10 @@ class CachePolicy(ABC):
         blocks: Sequence[BlockStatus],
         req_context: ReqContext | None = None,
     ) -> None:
-        """``insert_many`` of a class that overrides ``insert`` alone: its ``insert`` per key."""
+        """``insert_many`` of a class that overrides ``insert`` alone: its ``insert`` per key
+        (the same errors as :meth:`insert_many`, before any insert)."""
+        if len(keys) != len(blocks):
+            raise ValueError(f"insert_many: {len(keys)} keys but {len(blocks)} blocks")
         self._require_absent(keys)
         insert = self.insert
         for key, block in zip(keys, blocks, strict=True):
