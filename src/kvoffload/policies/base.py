@@ -65,9 +65,9 @@ def already_stored(key: OffloadKey) -> ValueError:
     return ValueError(f"insert: key {key!r} is already stored (or given twice); remove it first")
 
 
-#: Single-key calls, the batched call that must go through them when a subclass overrides
-#: the single one alone (see :meth:`CachePolicy.__init_subclass__`), and the name of
-#: the base's loop that does.
+#: (single call, batched call, base loop): a subclass that overrides the single call but not
+#: the batched one gets the base's loop over its single call as the batched call (see
+#: :meth:`CachePolicy.__init_subclass__`).
 _BATCHED_BY_SINGLE = (
     ("insert", "insert_many", "_insert_each"),
     ("on_insert", "on_insert_many", "on_insert_many"),

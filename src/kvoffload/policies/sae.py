@@ -473,7 +473,7 @@ class SAECachePolicy(CachePolicy):
                 del session_of[key]
                 ghost = pop_ghost(key)
                 if ghost and remember:
-                    ghosts[key] = ghost  # _remember_ghost; victims are never in the table
+                    ghosts[key] = ghost  # _remember_ghost; a victim is never a ghost already
             victims += keys
             session.evictable -= len(keys)
             if not session.keys:
