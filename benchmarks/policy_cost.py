@@ -23,9 +23,9 @@ one replay without a recorder) or ``recorder`` (with one, closed at the end); wi
         python benchmarks/policy_cost.py --recorder-child recorder
 
 ``--base-loops`` instead compares each policy with itself on the base class's generic
-``insert_many`` / ``mark_evictable_many`` loops (its ratio: base loops / its batched
+``on_insert_many`` / ``mark_evictable_many`` loops (its ratio: base loops / its batched
 overrides). A built-in keeps a batched override only where this shows a clear gain (the
-rule asks >= 1.10x; LRU's are kept just below it, see ``LRUCachePolicy.insert_many``).
+rule asks >= 1.10x; LRU's are kept just below it, see ``LRUCachePolicy.on_insert_many``).
 Current figures: ``docs/benchmarks.md``.
 """
 
@@ -56,7 +56,7 @@ def register_base_loop_twin(policy: str) -> str:
             f"BaseLoops{cls.__name__}",
             (cls,),
             {
-                "insert_many": CachePolicy.insert_many,
+                "on_insert_many": CachePolicy.on_insert_many,
                 "mark_evictable_many": CachePolicy.mark_evictable_many,
             },
         )

@@ -55,7 +55,7 @@ def _drive(policy: CachePolicy, seed: int) -> list[object]:
             keys = [rng.choice(universe) for _ in range(rng.randint(0, 8))]
             blocks = [BlockStatus(rng.randrange(99), rng.choice([-1, -1, 0])) for _ in keys]
             if rng.random() < 0.05:
-                blocks.append(BlockStatus(0, -1))  # a length mismatch: zip raises at the end
+                blocks.append(BlockStatus(0, -1))  # a length mismatch: raises, nothing stored
             try:
                 policy.insert_many(keys, blocks, ctx)
             except ValueError:

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from kvoffload.context import ReqContext
-from kvoffload.policies import create_cache_policy
-from kvoffload.policies.shadow import ShadowEvaluator, sample_hash, sampling_rate
+from kvoffload.policies import CachePolicyFactory, create_cache_policy
+from kvoffload.policies.lru import LRUCachePolicy
+from kvoffload.policies.shadow import ShadowEvaluator, sample_hash, sampling_rate, scaled_params
 from kvoffload.testing.drive import drive_single_blocks, int_key
 
 
@@ -127,3 +128,29 @@ def test_the_estimate_corrects_for_a_hot_key_the_sample_happened_to_draw() -> No
     assert shadow.hit_ratios()["lru"] == 0.0
     feed(shadow)
     assert shadow.estimates()["lru"] == estimate
+
+
+class _CountingLRU(LRUCachePolicy):
+    """An out-of-tree policy with a parameter counted in accesses, declared on its class."""
+
+    access_count_params = ("horizon",)
+
+    def __init__(self, cache_capacity: int, horizon: int = 5000, label: int = 7) -> None:
+        super().__init__(cache_capacity)
+        self.horizon = horizon
+        self.label = label
+
+
+def test_a_miniature_scales_the_parameters_its_class_counts_in_accesses() -> None:
+    """The class says which parameters a miniature scales by the rate (not a table kept in
+    ``shadow``), so a policy from outside the package gets the same treatment as MQ."""
+    assert scaled_params("mq", {}, 10_000, 0.01) == {"lifetime": 100}
+    assert scaled_params("kvaware", {}, 10_000, 0.01) == {"decay_window": 800}  # 8 x 10,000
+    assert scaled_params("lru", {}, 10_000, 0.01) == {}
+    assert scaled_params("mq", {"lifetime": 300}, 10_000, 1.0) == {"lifetime": 300}
+    with CachePolicyFactory.registry_snapshot():
+        CachePolicyFactory.register_cache_policy("counting-lru", __name__, "_CountingLRU")
+        assert scaled_params("counting-lru", {"label": 3}, 10_000, 0.01) == {
+            "label": 3,  # not counted in accesses: as given
+            "horizon": 50,
+        }

@@ -26,7 +26,7 @@ from itertools import islice
 
 from kvoffload.context import ReqContext
 from kvoffload.keys import OffloadKey
-from kvoffload.policies.base import BlockStatus, CachePolicy, Victims, already_stored
+from kvoffload.policies.base import BlockStatus, CachePolicy
 from kvoffload.policies.victims import (
     append_absent,
     next_unprotected,
@@ -54,39 +54,37 @@ class ARCCachePolicy(CachePolicy):
         """The adaptive target ``p`` for |T1|."""
         return self._p
 
-    def insert(
-        self, key: OffloadKey, block: BlockStatus, req_context: ReqContext | None = None
+    def on_insert(
+        self, key: OffloadKey, block: BlockStatus, req_context: ReqContext | None
     ) -> None:
-        if key in self._blocks:
-            raise already_stored(key)
-        self._insert_one(key, block)
-        self._trim_ghosts()
+        self._order_one(key, block)
+        self._trim_ghosts(len(self._blocks))
 
-    def insert_many(
+    def on_insert_many(
         self,
         keys: Sequence[OffloadKey],
         blocks: Sequence[BlockStatus],
-        req_context: ReqContext | None = None,
+        req_context: ReqContext | None,
     ) -> None:
-        self._require_absent(keys)
         b1, b2 = self._b1, self._b2
         if (b1 and not b1.keys().isdisjoint(keys)) or (b2 and not b2.keys().isdisjoint(keys)):
             # A ghost hit in the batch: trimming between inserts may drop a later key's ghost,
-            # so go one insert at a time, exactly as single calls would.
+            # so go one insert at a time, exactly as single calls would (each trim counting
+            # the blocks stored up to its key).
+            stored = len(self._blocks) - len(keys)
             for key, block in zip(keys, blocks, strict=True):
-                self._insert_one(key, block)
-                self._trim_ghosts()
+                stored += 1
+                self._order_one(key, block)
+                self._trim_ghosts(stored)
             return
         # Only new keys: all go to T1, and one trim at the end drops what per-insert trims
         # would have dropped (|T1| only grows, ghosts only shrink, both from their LRU ends).
-        self._blocks.update(zip(keys, blocks, strict=True))
         t1_order = self._t1_order
         for key in ready_keys(keys, blocks):  # (setitems beat .update)
             t1_order[key] = None
-        self._trim_ghosts()
+        self._trim_ghosts(len(self._blocks))
 
-    def _insert_one(self, key: OffloadKey, block: BlockStatus) -> None:
-        self._blocks[key] = block
+    def _order_one(self, key: OffloadKey, block: BlockStatus) -> None:
         if key in self._b1:
             del self._b1[key]
         elif key in self._b2:
@@ -99,9 +97,7 @@ class ARCCachePolicy(CachePolicy):
         if block.ref_cnt == 0:
             self._t2_order[key] = None
 
-    def remove(self, key: OffloadKey) -> None:
-        if self._blocks.pop(key, None) is None:
-            return
+    def on_remove(self, key: OffloadKey, block: BlockStatus) -> None:
         if key in self._t2:
             self._t2.discard(key)
             self._t2_order.pop(key, None)
@@ -136,9 +132,7 @@ class ARCCachePolicy(CachePolicy):
                 b1, b2 = len(self._b1), len(self._b2)
                 self._p = max(0.0, self._p - max(b1 / b2, 1.0))
 
-    def evict(self, n: int, protected: Collection[OffloadKey]) -> Victims | None:
-        if n <= 0:
-            return []
+    def evict_keys(self, n: int, protected: Collection[OffloadKey]) -> list[OffloadKey] | None:
         t1_order, t2_order = self._t1_order, self._t2_order
         if n > len(t1_order) + len(t2_order):
             return None
@@ -151,12 +145,9 @@ class ARCCachePolicy(CachePolicy):
             if plan is None:
                 return None
             from_t1, from_t2 = plan
-        pop = self._blocks.pop
-        victims: Victims = []
         if from_t1:
             for key in from_t1:
                 del t1_order[key]
-            victims.extend(zip(from_t1, map(pop, from_t1), strict=True))
             b1 = self._b1
             for key in from_t1:
                 b1[key] = None
@@ -164,12 +155,12 @@ class ARCCachePolicy(CachePolicy):
             for key in from_t2:
                 del t2_order[key]
             self._t2.difference_update(from_t2)
-            victims.extend(zip(from_t2, map(pop, from_t2), strict=True))
             b2 = self._b2
             for key in from_t2:
                 b2[key] = None
-        self._trim_ghosts()
-        return victims
+            from_t1 += from_t2
+        self._trim_ghosts(len(self._blocks) - n)  # the base drops the victims after this
+        return from_t1
 
     def _plan_without_protection(
         self, n: int, missed_in_b2: bool
@@ -223,11 +214,11 @@ class ARCCachePolicy(CachePolicy):
             t1_size -= 1
         return from_t1, from_t2
 
-    def _trim_ghosts(self) -> None:
-        """Keep |T1| + |B1| <= c and |T1| + |T2| + |B1| + |B2| <= 2c (FAST'03 case IV)."""
+    def _trim_ghosts(self, stored: int) -> None:
+        """Keep |T1| + |B1| <= c and |T1| + |T2| + |B1| + |B2| <= 2c (FAST'03 case IV), with
+        ``stored`` blocks (T1 + T2) stored."""
         capacity = self.cache_capacity
         b1, b2 = self._b1, self._b2
-        stored = len(self._blocks)
         excess = stored - len(self._t2) + len(b1) - capacity
         if excess > 0:
             pop1 = b1.popitem
@@ -243,9 +234,8 @@ class ARCCachePolicy(CachePolicy):
             for _ in range(min(excess - dropped, len(b1))):  # only when pins let T2 outgrow
                 pop1(False)
 
-    def clear(self) -> None:
+    def on_clear(self) -> None:
         for container in (
-            self._blocks,
             self._t2,
             self._t1_order,
             self._t2_order,

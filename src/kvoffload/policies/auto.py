@@ -51,7 +51,7 @@ from dataclasses import dataclass
 from kvoffload._checks import check_bool, check_int, check_number
 from kvoffload.context import ReqContext
 from kvoffload.keys import OffloadKey
-from kvoffload.policies.base import BlockStatus, CachePolicy, Victims
+from kvoffload.policies.base import BlockStatus, CachePolicy
 from kvoffload.policies.factory import create_cache_policy
 from kvoffload.policies.shadow import (
     CandidateSpec,
@@ -300,26 +300,23 @@ class AutoCachePolicy(CachePolicy):
         )
 
     # ------------------------------------------------------------ contract
-    # The active candidate's table holds the same keys as auto's, so its own double-insert
-    # check (which raises before anything changes) is auto's: auto's table follows it.
-    def insert(
-        self, key: OffloadKey, block: BlockStatus, req_context: ReqContext | None = None
+    # The active candidate's table holds the same keys as auto's (the base's): each hook
+    # passes its call on.
+    def on_insert(
+        self, key: OffloadKey, block: BlockStatus, req_context: ReqContext | None
     ) -> None:
         self._active.insert(key, block, req_context)
-        self._blocks[key] = block
 
-    def insert_many(
+    def on_insert_many(
         self,
         keys: Sequence[OffloadKey],
         blocks: Sequence[BlockStatus],
-        req_context: ReqContext | None = None,
+        req_context: ReqContext | None,
     ) -> None:
         self._active.insert_many(keys, blocks, req_context)
-        self._blocks.update(zip(keys, blocks, strict=True))
 
-    def remove(self, key: OffloadKey) -> None:
-        if self._blocks.pop(key, None) is not None:
-            self._active.remove(key)
+    def on_remove(self, key: OffloadKey, block: BlockStatus) -> None:
+        self._active.remove(key)
 
     def touch(self, keys: Iterable[OffloadKey], req_context: ReqContext | None = None) -> None:
         keys = tuple(keys)
@@ -354,13 +351,9 @@ class AutoCachePolicy(CachePolicy):
             if keys is not None:
                 self._logged -= len(keys)
 
-    def evict(self, n: int, protected: Collection[OffloadKey]) -> Victims | None:
+    def evict_keys(self, n: int, protected: Collection[OffloadKey]) -> list[OffloadKey] | None:
         victims = self._active.evict(n, protected)
-        if victims:
-            table = self._blocks
-            for key, _ in victims:
-                del table[key]
-        return victims
+        return None if victims is None else [key for key, _ in victims]
 
     def mark_evictable(self, key: OffloadKey) -> None:
         self._active.mark_evictable(key)
@@ -377,8 +370,7 @@ class AutoCachePolicy(CachePolicy):
         if self._history_limit:
             self._log.append((None, self._log_context(req_context)))
 
-    def clear(self) -> None:
-        self._blocks.clear()
+    def on_clear(self) -> None:
         self._shadows.clear()
         self._switches.clear()
         self._switch_seconds = 0.0

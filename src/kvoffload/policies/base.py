@@ -65,19 +65,28 @@ def already_stored(key: OffloadKey) -> ValueError:
     return ValueError(f"insert: key {key!r} is already stored (or given twice); remove it first")
 
 
-#: Single-key calls and the batched call that must go through them when a subclass overrides
-#: the single one alone (see :meth:`CachePolicy.__init_subclass__`).
-_BATCHED_BY_SINGLE = (("insert", "insert_many"), ("mark_evictable", "mark_evictable_many"))
+#: (single call, batched call, base loop): a subclass that overrides the single call but not
+#: the batched one gets the base's loop over its single call as the batched call (see
+#: :meth:`CachePolicy.__init_subclass__`).
+_BATCHED_BY_SINGLE = (
+    ("insert", "insert_many", "_insert_each"),
+    ("on_insert", "on_insert_many", "on_insert_many"),
+    ("mark_evictable", "mark_evictable_many", "mark_evictable_many"),
+)
 
 
 class CachePolicy(ABC):
     """Owns the stored blocks' table and decides which ones to evict.
 
     The table is the base's: ``self._blocks`` (key -> status, every stored block, pending and
-    pinned included) is the one dict a subclass adds to in ``insert`` and removes from in
-    ``evict`` / ``remove`` / ``clear``; :meth:`get`, :attr:`block_table`, ``len()`` and ``in``
-    read it, so every policy gets the manager's direct-lookup fast path. A subclass keeps only
-    its replacement order.
+    pinned included). The base makes every write to it: :meth:`insert` / :meth:`insert_many`
+    add (and refuse a key that is stored), :meth:`evict` / :meth:`remove` / :meth:`clear`
+    drop; :meth:`get`, :attr:`block_table`, ``len()`` and ``in`` read it, so every policy gets
+    the manager's direct-lookup fast path. A subclass keeps only its replacement order, in
+    the hooks: :meth:`on_insert` (and :meth:`on_insert_many`), :meth:`evict_keys`,
+    :meth:`on_remove`, :meth:`on_clear`, plus ``touch`` and the mark hooks. A subclass may
+    still override ``insert`` / ``evict`` / ``remove`` / ``clear`` whole (then it writes
+    ``self._blocks`` itself, as the contract before the hooks asked).
 
     Subclasses take their tunables as keyword arguments after ``cache_capacity`` (the manager
     passes ``cache_policy_params`` through) and check them with :mod:`kvoffload._checks`
@@ -96,29 +105,40 @@ class CachePolicy(ABC):
     #: without setting it again gets ``True`` (its ``touch`` may learn from misses).
     touches_misses: ClassVar[bool] = True
 
+    #: Parameters this policy counts in accesses (or inserts), by attribute name: a miniature
+    #: of it on a sample of ``rate`` of the keys (``kvoffload.policies.shadow``) sees ``rate``
+    #: times the accesses, so it gets them scaled by ``rate`` as its capacity is, or its
+    #: clocks would run ``1 / rate`` times slow and it would decide like a bigger cache.
+    access_count_params: ClassVar[tuple[str, ...]] = ()
+
     def __init_subclass__(cls, **kwargs: object) -> None:
         """The one batching rule: a batched call always honours the class's single calls.
 
-        A class that overrides ``insert`` (or ``mark_evictable``) but not ``insert_many``
-        (``mark_evictable_many``) gets the base loop over its single call back, so an
-        ancestor's batched fast path never skips the subclass's hook. One that overrides
-        ``touch`` but not ``touches_misses`` gets ``touches_misses = True``; one that
-        overrides ``get`` but not ``block_table`` gets no table view (the manager then calls
-        its ``get``).
+        A class that overrides ``insert``, ``on_insert`` or ``mark_evictable`` but not its
+        batched twin (``insert_many``, ``on_insert_many``, ``mark_evictable_many``) gets the
+        base loop over its single call back, so an ancestor's batched fast path never skips
+        the subclass's hook. One that overrides ``evict`` whole needs no :meth:`evict_keys` (an
+        inherited one stays, for its ``super().evict``).
+        One that overrides ``touch`` but not ``touches_misses`` gets ``touches_misses =
+        True``; one that overrides ``get`` but not ``block_table`` gets no table view (the
+        manager then calls its ``get``).
         """
         super().__init_subclass__(**kwargs)
         own = vars(cls)
-        for single, batched in _BATCHED_BY_SINGLE:
+        base = vars(CachePolicy)
+        for single, batched, loop in _BATCHED_BY_SINGLE:
             if single in own and batched not in own:
-                setattr(cls, batched, getattr(CachePolicy, batched))
+                setattr(cls, batched, base[loop])
+        if "evict" in own and getattr(cls.evict_keys, "__isabstractmethod__", False):
+            cls.evict_keys = base["_evict_keys_unused"]  # type: ignore[method-assign]
         if "touch" in own and "touches_misses" not in own:
             cls.touches_misses = True
         if "get" in own and "block_table" not in own:
-            cls.block_table = vars(CachePolicy)["_no_table"]  # type: ignore[method-assign]
+            cls.block_table = base["_no_table"]  # type: ignore[method-assign]
 
     def __init__(self, cache_capacity: int) -> None:
         self.cache_capacity = check_int("cache_capacity", cache_capacity, 0)
-        #: Every stored block (see the class docstring); subclasses maintain it.
+        #: Every stored block (see the class docstring); only the base writes it.
         self._blocks: dict[OffloadKey, BlockStatus] = {}
 
     def get(self, key: OffloadKey) -> BlockStatus | None:
@@ -189,19 +209,80 @@ class CachePolicy(ABC):
                 table.pop(key, None)
             self._require_absent(keys)  # raises for the repeated key
 
-    @abstractmethod
     def insert(
         self, key: OffloadKey, block: BlockStatus, req_context: ReqContext | None = None
     ) -> None:
         """Add a block that is not stored yet (normally ``ref_cnt == -1``: being written).
 
         A block inserted with ``ref_cnt == 0`` is evictable at once. A key that is already
-        stored raises ``ValueError`` and changes nothing.
+        stored raises ``ValueError`` and changes nothing. The base adds it to the table, then
+        calls :meth:`on_insert`.
         """
+        blocks = self._blocks
+        if key in blocks:
+            raise already_stored(key)
+        blocks[key] = block
+        self.on_insert(key, block, req_context)
 
-    @abstractmethod
+    def insert_many(
+        self,
+        keys: Sequence[OffloadKey],
+        blocks: Sequence[BlockStatus],
+        req_context: ReqContext | None = None,
+    ) -> None:
+        """``insert`` each key with its block, in order: one table update, then
+        :meth:`on_insert_many`.
+
+        A key already stored, or given twice, or unequal lengths raise ``ValueError`` before
+        anything changes.
+        """
+        self._add_blocks(keys, blocks)
+        self.on_insert_many(keys, blocks, req_context)
+
+    def _insert_each(
+        self,
+        keys: Sequence[OffloadKey],
+        blocks: Sequence[BlockStatus],
+        req_context: ReqContext | None = None,
+    ) -> None:
+        """``insert_many`` of a class that overrides ``insert`` alone: its ``insert`` per key
+        (the same errors as :meth:`insert_many`, before any insert)."""
+        if len(keys) != len(blocks):
+            raise ValueError(f"insert_many: {len(keys)} keys but {len(blocks)} blocks")
+        self._require_absent(keys)
+        insert = self.insert
+        for key, block in zip(keys, blocks, strict=True):
+            insert(key, block, req_context)
+
+    def on_insert(  # noqa: B027 - optional hook
+        self, key: OffloadKey, block: BlockStatus, req_context: ReqContext | None
+    ) -> None:
+        """Hook: ``key`` was just added to the table (order it; ``ref_cnt == 0``: evictable)."""
+
+    def on_insert_many(
+        self,
+        keys: Sequence[OffloadKey],
+        blocks: Sequence[BlockStatus],
+        req_context: ReqContext | None,
+    ) -> None:
+        """Hook: ``keys`` were just added to the table, in one update; :meth:`on_insert` each,
+        in order (override to batch the work: it must decide exactly like the single calls)."""
+        on_insert = self.on_insert
+        for key, block in zip(keys, blocks, strict=True):
+            on_insert(key, block, req_context)
+
     def remove(self, key: OffloadKey) -> None:
-        """Forget ``key`` entirely (a failed store). No ghost entry, no trace; absent = no-op."""
+        """Forget ``key`` entirely (a failed store). No ghost entry, no trace; absent = no-op.
+
+        The base drops it from the table, then calls :meth:`on_remove`.
+        """
+        block = self._blocks.pop(key, None)
+        if block is not None:
+            self.on_remove(key, block)
+
+    def on_remove(self, key: OffloadKey, block: BlockStatus) -> None:  # noqa: B027 - optional hook
+        """Hook: ``key`` (stored as ``block``) left the table by :meth:`remove`: forget it,
+        leaving no ghost or other trace."""
 
     @abstractmethod
     def touch(self, keys: Iterable[OffloadKey], req_context: ReqContext | None = None) -> None:
@@ -211,7 +292,6 @@ class CachePolicy(ABC):
         that are not stored and unknown are ignored.
         """
 
-    @abstractmethod
     def evict(self, n: int, protected: Collection[OffloadKey]) -> Victims | None:
         """Choose and remove exactly ``n`` victims, or return ``None`` and change nothing.
 
@@ -219,27 +299,37 @@ class CachePolicy(ABC):
         ``protected``. On success the victims are no longer stored (``get`` returns ``None``)
         and are returned as ``(key, status)`` pairs. On failure nothing at all changes: not
         the order, not ghost lists, not adaptive targets, not random state. ``n == 0``
-        returns ``[]``.
+        returns ``[]``. The base asks :meth:`evict_keys` and drops its keys from the table.
         """
+        if n <= 0:
+            return []
+        chosen = self.evict_keys(n, protected)
+        if chosen is None:
+            return None
+        return list(zip(chosen, map(self._blocks.pop, chosen), strict=True))
 
     @abstractmethod
+    def evict_keys(self, n: int, protected: Collection[OffloadKey]) -> list[OffloadKey] | None:
+        """Choose exactly ``n >= 1`` victims and drop them from the order (the base then drops
+        them from the table, so they are still in it here), or return ``None`` having changed
+        nothing. The rules of :meth:`evict` hold for the keys chosen."""
+
+    def _evict_keys_unused(
+        self, n: int, protected: Collection[OffloadKey]
+    ) -> list[OffloadKey] | None:
+        """``evict_keys`` of a class that overrides ``evict`` whole: never called by the base."""
+        raise NotImplementedError(f"{type(self).__name__} overrides evict, not evict_keys")
+
     def clear(self) -> None:
-        """Drop every block regardless of pins, and all history: as good as new."""
+        """Drop every block regardless of pins, and all history: as good as new.
 
-    def insert_many(
-        self,
-        keys: Sequence[OffloadKey],
-        blocks: Sequence[BlockStatus],
-        req_context: ReqContext | None = None,
-    ) -> None:
-        """``insert`` each key with its block, in order (override to batch the work).
-
-        A key already stored, or given twice, raises ``ValueError`` before anything changes.
+        The base empties the table, then calls :meth:`on_clear`.
         """
-        self._require_absent(keys)
-        insert = self.insert
-        for key, block in zip(keys, blocks, strict=True):
-            insert(key, block, req_context)
+        self._blocks.clear()
+        self.on_clear()
+
+    def on_clear(self) -> None:  # noqa: B027 - optional hook
+        """Hook: the table was emptied; forget the order and all history."""
 
     def mark_evictable_many(self, keys: Sequence[OffloadKey]) -> None:
         """``mark_evictable`` each key, in order (override to batch the work)."""

@@ -25,7 +25,7 @@ from collections.abc import Collection, Iterable
 from kvoffload._checks import check_int
 from kvoffload.context import ReqContext
 from kvoffload.keys import OffloadKey
-from kvoffload.policies.base import BlockStatus, Victims
+from kvoffload.policies.base import BlockStatus
 from kvoffload.policies.evictable_set import EvictableSetPolicy
 
 _MAX_COUNTER_BITS = 16
@@ -44,16 +44,15 @@ class ClockCachePolicy(EvictableSetPolicy):
         # The ring as a queue: the front is under the hand. Holds pinned/pending blocks too.
         self._ring: OrderedDict[OffloadKey, int] = OrderedDict()  # key -> use counter
 
-    def insert(
-        self, key: OffloadKey, block: BlockStatus, req_context: ReqContext | None = None
+    def on_insert(
+        self, key: OffloadKey, block: BlockStatus, req_context: ReqContext | None
     ) -> None:
-        self._add_block(key, block)
+        super().on_insert(key, block, req_context)
         self._ring[key] = self.init_freq
 
-    def remove(self, key: OffloadKey) -> None:
-        if self._blocks.pop(key, None) is not None:
-            del self._ring[key]
-            self._evictable.discard(key)
+    def on_remove(self, key: OffloadKey, block: BlockStatus) -> None:
+        super().on_remove(key, block)
+        del self._ring[key]
 
     def touch(self, keys: Iterable[OffloadKey], req_context: ReqContext | None = None) -> None:
         """Raise the counter of each ready block (a block still being written is not used)."""
@@ -63,9 +62,7 @@ class ClockCachePolicy(EvictableSetPolicy):
             if status is not None and status.ref_cnt >= 0 and ring[key] < top:
                 ring[key] += 1
 
-    def evict(self, n: int, protected: Collection[OffloadKey]) -> Victims | None:
-        if n <= 0:
-            return []
+    def evict_keys(self, n: int, protected: Collection[OffloadKey]) -> list[OffloadKey] | None:
         if not self._can_evict(n, protected):
             return None
         evictable, ring = self._evictable, self._ring
@@ -84,8 +81,7 @@ class ClockCachePolicy(EvictableSetPolicy):
             else:
                 sweep += 1
         self._commit(chosen, passed, sweep, protected)
-        blocks = self._blocks
-        return [(key, blocks.pop(key)) for key in chosen]
+        return chosen
 
     def _commit(
         self,
@@ -109,6 +105,6 @@ class ClockCachePolicy(EvictableSetPolicy):
                     ring[key] -= 1
                 ring.move_to_end(key)
 
-    def clear(self) -> None:
-        super().clear()
+    def on_clear(self) -> None:
+        super().on_clear()
         self._ring.clear()

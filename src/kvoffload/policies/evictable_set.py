@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 
+from kvoffload.context import ReqContext
 from kvoffload.keys import OffloadKey
-from kvoffload.policies.base import BlockStatus, CachePolicy, already_stored
+from kvoffload.policies.base import BlockStatus, CachePolicy
 
 
 class EvictableSetPolicy(CachePolicy):
@@ -20,21 +21,21 @@ class EvictableSetPolicy(CachePolicy):
         super().__init__(cache_capacity)
         self._evictable: set[OffloadKey] = set()
 
-    def _add_block(self, key: OffloadKey, block: BlockStatus) -> None:
-        """The table and set part of ``insert`` (a stored key raises, nothing changes)."""
-        if key in self._blocks:
-            raise already_stored(key)
-        self._blocks[key] = block
+    def on_insert(
+        self, key: OffloadKey, block: BlockStatus, req_context: ReqContext | None
+    ) -> None:
         if block.ref_cnt == 0:
             self._evictable.add(key)
+
+    def on_remove(self, key: OffloadKey, block: BlockStatus) -> None:
+        self._evictable.discard(key)
 
     def _can_evict(self, n: int, protected: Collection[OffloadKey]) -> bool:
         """Whether ``n`` blocks outside ``protected`` are evictable (``evict``'s precheck)."""
         evictable = self._evictable
         return n <= len(evictable) - len(evictable.intersection(protected))
 
-    def clear(self) -> None:
-        self._blocks.clear()
+    def on_clear(self) -> None:
         self._evictable.clear()
 
     def mark_evictable(self, key: OffloadKey) -> None:

@@ -15,7 +15,6 @@ from collections.abc import Collection, Iterable
 
 from kvoffload.context import ReqContext
 from kvoffload.keys import OffloadKey
-from kvoffload.policies.base import BlockStatus, Victims
 from kvoffload.policies.evictable_set import EvictableSetPolicy
 
 
@@ -26,21 +25,10 @@ class FIFOCachePolicy(EvictableSetPolicy):
 
     # self._blocks (the base's table, a dict) keeps insertion order: oldest first.
 
-    def insert(
-        self, key: OffloadKey, block: BlockStatus, req_context: ReqContext | None = None
-    ) -> None:
-        self._add_block(key, block)
-
-    def remove(self, key: OffloadKey) -> None:
-        if self._blocks.pop(key, None) is not None:
-            self._evictable.discard(key)
-
     def touch(self, keys: Iterable[OffloadKey], req_context: ReqContext | None = None) -> None:
         """Uses do not matter to FIFO."""
 
-    def evict(self, n: int, protected: Collection[OffloadKey]) -> Victims | None:
-        if n <= 0:
-            return []
+    def evict_keys(self, n: int, protected: Collection[OffloadKey]) -> list[OffloadKey] | None:
         if not self._can_evict(n, protected):
             return None
         evictable = self._evictable
@@ -50,8 +38,5 @@ class FIFOCachePolicy(EvictableSetPolicy):
                 chosen.append(key)
                 if len(chosen) == n:
                     break
-        victims: Victims = []
-        for key in chosen:
-            evictable.remove(key)
-            victims.append((key, self._blocks.pop(key)))
-        return victims
+        evictable.difference_update(chosen)
+        return chosen

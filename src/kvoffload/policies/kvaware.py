@@ -44,7 +44,7 @@ from typing import Final
 from kvoffload._checks import check_int, check_number
 from kvoffload.context import ReqContext
 from kvoffload.keys import OffloadKey
-from kvoffload.policies.base import BlockStatus, CachePolicy, Victims, already_stored
+from kvoffload.policies.base import BlockStatus, CachePolicy
 from kvoffload.policies.victims import protected_disjoint, ref_count
 
 _COUNT_BUCKETS = 4  # used 0, 1, 2-3, 4+ times since first stored (log2 buckets)
@@ -104,6 +104,7 @@ class KVAwareCachePolicy(CachePolicy):
     """KV-aware: learns reuse odds per block class online, evicts the least likely reused."""
 
     name = "kvaware"
+    access_count_params = ("decay_window",)
     touches_misses = False  # ghost hits are recognised at insert
 
     def __init__(
@@ -242,11 +243,9 @@ class KVAwareCachePolicy(CachePolicy):
         state.extend(keys)
 
     # ------------------------------------------------------------ contract
-    def insert(
-        self, key: OffloadKey, block: BlockStatus, req_context: ReqContext | None = None
+    def on_insert(
+        self, key: OffloadKey, block: BlockStatus, req_context: ReqContext | None
     ) -> None:
-        if key in self._blocks:
-            raise already_stored(key)
         now = self._advance(req_context, 1)
         if self._rate_inserts > 0.0:
             self._rate_time += max(now - self._last_insert_time, 0.0)
@@ -264,27 +263,23 @@ class KVAwareCachePolicy(CachePolicy):
             cls = TAIL_CLASS if tail else _NEW_CLASS
         self._enter(cls)
         self._meta[key] = (cls, uses, _UNKNOWN_OUTPUT, now)
-        self._blocks[key] = block
         if block.ref_cnt == 0:
             self._orders[cls][key] = None
         self._remember(req_context, (key,))
 
-    def insert_many(
+    def on_insert_many(
         self,
         keys: Sequence[OffloadKey],
         blocks: Sequence[BlockStatus],
-        req_context: ReqContext | None = None,
+        req_context: ReqContext | None,
     ) -> None:
-        """Batched ``insert``: kept because it beats the base loop on the manager's prefix replay.
+        """Batched ``on_insert``, kept: it beats the base loop on the manager's prefix replay.
 
         (``tools/ab_versions.py``; figures in ``docs/benchmarks.md``.) Time, turnover and
         learning move exactly as one
-        :meth:`insert` per key (closed forms only where they are exact, see
+        :meth:`on_insert` per key (closed forms only where they are exact, see
         :meth:`_advance_inserts`), so the decisions are the same.
         """
-        if len(keys) != len(blocks):
-            raise ValueError(f"insert_many: {len(keys)} keys but {len(blocks)} blocks")
-        self._require_absent(keys)
         tail = req_context.partial_tail_key if req_context is not None else None
         stamp = req_context.timestamp if req_context is not None else None
         metas: list[_Meta] | None = None
@@ -295,7 +290,6 @@ class KVAwareCachePolicy(CachePolicy):
         if metas is None:
             metas = self._insert_loop(keys, stamp, tail)
         self._meta.update(zip(keys, metas, strict=True))
-        self._blocks.update(zip(keys, blocks, strict=True))
         if 0 in map(ref_count, blocks):  # usually none: the manager inserts pending blocks
             orders = self._orders
             for key, block, meta in zip(keys, blocks, metas, strict=True):
@@ -435,12 +429,10 @@ class KVAwareCachePolicy(CachePolicy):
             entries[cls] += 1.0
         return metas
 
-    def remove(self, key: OffloadKey) -> None:
-        meta = self._meta.pop(key, None)
-        if meta is not None:
-            del self._blocks[key]
-            self._orders[meta[_CLS]].pop(key, None)
-            self._leave(meta[_CLS])
+    def on_remove(self, key: OffloadKey, block: BlockStatus) -> None:
+        meta = self._meta.pop(key)
+        self._orders[meta[_CLS]].pop(key, None)
+        self._leave(meta[_CLS])
 
     def touch(self, keys: Iterable[OffloadKey], req_context: ReqContext | None = None) -> None:
         blocks, orders, entries = self._meta, self._orders, self._entries
@@ -510,9 +502,7 @@ class KVAwareCachePolicy(CachePolicy):
         if self._since_decay >= self.decay_window:
             self._decay()
 
-    def evict(self, n: int, protected: Collection[OffloadKey]) -> Victims | None:
-        if n <= 0:
-            return []
+    def evict_keys(self, n: int, protected: Collection[OffloadKey]) -> list[OffloadKey] | None:
         orders = self._orders
         if n > sum(map(len, orders)):
             return None
@@ -618,7 +608,6 @@ class KVAwareCachePolicy(CachePolicy):
                     heapq.heappop(heap)
             else:
                 heapq.heapreplace(heap, (score(best, candidate), best, candidate))
-        victims = list(zip(chosen, map(self._blocks.pop, chosen), strict=True))
         pop = blocks.pop
         if self.ghost_capacity > 0:
             ghosts = self._ghosts
@@ -632,11 +621,10 @@ class KVAwareCachePolicy(CachePolicy):
         else:
             for key in chosen:
                 del orders[pop(key)[_CLS]][key]
-        return victims
+        return chosen
 
-    def clear(self) -> None:
+    def on_clear(self) -> None:
         self._meta.clear()
-        self._blocks.clear()
         for order in self._orders:
             order.clear()
         self._ghosts.clear()

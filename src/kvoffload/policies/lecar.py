@@ -33,7 +33,8 @@ from itertools import chain
 from kvoffload._checks import check_int, check_number
 from kvoffload.context import ReqContext
 from kvoffload.keys import OffloadKey
-from kvoffload.policies.base import BlockStatus, CachePolicy, Victims, already_stored
+from kvoffload.policies.base import BlockStatus, CachePolicy
+from kvoffload.policies.victims import ref_count
 
 _MIN_WEIGHT = 1e-6
 _LRU, _LFU = 0, 1
@@ -77,37 +78,27 @@ class LeCaRCachePolicy(CachePolicy):
         """The LRU expert's current weight (the LFU expert has ``1 - lru_weight``)."""
         return self._w_lru
 
-    def insert(
-        self, key: OffloadKey, block: BlockStatus, req_context: ReqContext | None = None
+    def on_insert(
+        self, key: OffloadKey, block: BlockStatus, req_context: ReqContext | None
     ) -> None:
-        if key in self._blocks:
-            raise already_stored(key)
         for history in self._histories:  # a stored key is never also a ghost
             history.pop(key, None)
-        self._blocks[key] = block
         self._freq[key] = 1
         if block.ref_cnt == 0:
             self._enter(key)
 
-    def insert_many(
+    def on_insert_many(
         self,
         keys: Sequence[OffloadKey],
         blocks: Sequence[BlockStatus],
-        req_context: ReqContext | None = None,
+        req_context: ReqContext | None,
     ) -> None:
-        self._require_absent(keys)
         for history in self._histories:  # a stored key is never also a ghost
             if not history.keys().isdisjoint(keys):
                 for key in keys:
                     history.pop(key, None)
-        statuses, freqs = self._blocks, self._freq
-        ready = False
-        for key, block in zip(keys, blocks, strict=True):
-            statuses[key] = block
-            freqs[key] = 1
-            if block.ref_cnt == 0:
-                ready = True
-        if ready:  # inserted evictable: they enter the orders, in order
+        self._freq.update(dict.fromkeys(keys, 1))
+        if 0 in map(ref_count, blocks):  # inserted evictable: they enter the orders, in order
             for key, block in zip(keys, blocks, strict=True):
                 if block.ref_cnt == 0:
                     self._enter(key)
@@ -134,11 +125,8 @@ class LeCaRCachePolicy(CachePolicy):
             del self._counts[bisect_left(self._counts, count)]
         return True
 
-    def remove(self, key: OffloadKey) -> None:
-        if key not in self._blocks:
-            return
+    def on_remove(self, key: OffloadKey, block: BlockStatus) -> None:
         self._leave(key)
-        del self._blocks[key]
         del self._freq[key]
 
     def touch(self, keys: Iterable[OffloadKey], req_context: ReqContext | None = None) -> None:
@@ -184,9 +172,7 @@ class LeCaRCachePolicy(CachePolicy):
                 if key not in protected:
                     yield key
 
-    def evict(self, n: int, protected: Collection[OffloadKey]) -> Victims | None:
-        if n <= 0:
-            return []
+    def evict_keys(self, n: int, protected: Collection[OffloadKey]) -> list[OffloadKey] | None:
         lru = self._lru
         if not isinstance(protected, (set, frozenset)):
             protected = set(protected)
@@ -217,9 +203,7 @@ class LeCaRCachePolicy(CachePolicy):
                 lru_pick = next(lru_iter)
             while lfu_pick in chosen:
                 lfu_pick = next(lfu_iter)
-        victims: Victims = []
-        append = victims.append
-        lru, freqs, buckets, statuses = self._lru, self._freq, self._buckets, self._blocks
+        lru, freqs, buckets = self._lru, self._freq, self._buckets
         remember = self._history_limit > 0
         for key, expert in chosen.items():
             # _leave(key), inlined: every victim is evictable.
@@ -230,16 +214,15 @@ class LeCaRCachePolicy(CachePolicy):
             if not bucket:
                 del buckets[count]
                 del self._counts[bisect_left(self._counts, count)]
-            append((key, statuses.pop(key)))
             if expert is not None and remember:
                 history = self._histories[expert]
                 history[key] = self._now
                 if len(history) > self._history_limit:
                     history.popitem(last=False)
-        return victims
+        return list(chosen)
 
-    def clear(self) -> None:
-        for container in (self._blocks, self._freq, self._lru, self._buckets, *self._histories):
+    def on_clear(self) -> None:
+        for container in (self._freq, self._lru, self._buckets, *self._histories):
             container.clear()
         self._counts.clear()
         self._w_lru = self.initial_lru_weight

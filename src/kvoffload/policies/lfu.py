@@ -24,7 +24,7 @@ from collections.abc import Collection, Iterable, Mapping
 
 from kvoffload.context import ReqContext
 from kvoffload.keys import OffloadKey
-from kvoffload.policies.base import BlockStatus, CachePolicy, Victims, already_stored
+from kvoffload.policies.base import BlockStatus, CachePolicy
 
 
 class _CountNode:
@@ -51,24 +51,20 @@ class LFUCachePolicy(CachePolicy):
         self._lowest: _CountNode | None = None
         self._evictable_count = 0
 
-    def insert(
-        self, key: OffloadKey, block: BlockStatus, req_context: ReqContext | None = None
+    def on_insert(
+        self, key: OffloadKey, block: BlockStatus, req_context: ReqContext | None
     ) -> None:
-        if key in self._blocks:
-            raise already_stored(key)
         node = self._lowest
         if node is None or node.count != 1:
             node = self._link_after(None, 1)
-        self._blocks[key] = block
         self._node_of[key] = node
         node.members += 1
         if block.ref_cnt == 0:
             node.evictable[key] = None
             self._evictable_count += 1
 
-    def remove(self, key: OffloadKey) -> None:
-        if self._blocks.pop(key, None) is not None:
-            self._leave(key, self._node_of.pop(key))
+    def on_remove(self, key: OffloadKey, block: BlockStatus) -> None:
+        self._leave(key, self._node_of.pop(key))
 
     def touch(self, keys: Iterable[OffloadKey], req_context: ReqContext | None = None) -> None:
         """Count one use of each ready block; walk tail to head so the head is most recent."""
@@ -89,9 +85,7 @@ class LFUCachePolicy(CachePolicy):
             if node.members == 0:
                 self._unlink(node)
 
-    def evict(self, n: int, protected: Collection[OffloadKey]) -> Victims | None:
-        if n <= 0:
-            return []
+    def evict_keys(self, n: int, protected: Collection[OffloadKey]) -> list[OffloadKey] | None:
         node_of = self._node_of
         blocked = sum(
             1 for key in set(protected) if key in node_of and key in node_of[key].evictable
@@ -107,15 +101,11 @@ class LFUCachePolicy(CachePolicy):
                     if len(chosen) == n:
                         break
             node = node.higher
-        victims: Victims = []
         for key in chosen:
-            node = node_of.pop(key)
-            victims.append((key, self._blocks.pop(key)))
-            self._leave(key, node)
-        return victims
+            self._leave(key, node_of.pop(key))
+        return chosen
 
-    def clear(self) -> None:
-        self._blocks.clear()
+    def on_clear(self) -> None:
         self._node_of.clear()
         self._lowest = None
         self._evictable_count = 0

@@ -33,7 +33,7 @@ from itertools import islice
 
 from kvoffload.context import ReqContext
 from kvoffload.keys import OffloadKey
-from kvoffload.policies.base import BlockStatus, CachePolicy, Victims, already_stored
+from kvoffload.policies.base import BlockStatus, CachePolicy
 from kvoffload.policies.victims import protected_disjoint, ready_keys
 
 
@@ -60,35 +60,31 @@ class LFUDACachePolicy(CachePolicy):
         """``L``, the priority of the last evicted block (0 before the first eviction)."""
         return self._age
 
-    def insert(
-        self, key: OffloadKey, block: BlockStatus, req_context: ReqContext | None = None
+    def on_insert(
+        self, key: OffloadKey, block: BlockStatus, req_context: ReqContext | None
     ) -> None:
-        if key in self._blocks:
-            raise already_stored(key)
-        self._blocks[key] = block
         self._state[key] = (1, self._age + 1)
         if block.ref_cnt == 0:
             self._push(key)
 
-    def insert_many(
+    def on_insert_many(
         self,
         keys: Sequence[OffloadKey],
         blocks: Sequence[BlockStatus],
-        req_context: ReqContext | None = None,
+        req_context: ReqContext | None,
     ) -> None:
         """The batch's entries in one update: every new key starts at (1, L + 1).
 
         Kept because it beats the base loop (``policy_cost.py --base-loops``; figures in
         ``docs/benchmarks.md``).
         """
-        self._add_blocks(keys, blocks)
         self._state.update(dict.fromkeys(keys, (1, self._age + 1)))
         for key in ready_keys(keys, blocks):
             self._push(key)
 
     def mark_evictable_many(self, keys: Sequence[OffloadKey]) -> None:
         """Each key into its priority's bucket, the bucket looked up once per run of equal
-        priorities (a request's stores share L + 1). Kept with :meth:`insert_many`."""
+        priorities (a request's stores share L + 1). Kept with :meth:`on_insert_many`."""
         blocks, state, live = self._blocks, self._state, self._live
         level = None
         bucket: OrderedDict[OffloadKey, None] = OrderedDict()
@@ -102,12 +98,11 @@ class LFUDACachePolicy(CachePolicy):
             live[key] = level
             bucket[key] = None
 
-    def remove(self, key: OffloadKey) -> None:
-        if self._blocks.pop(key, None) is not None:
-            del self._state[key]
-            bucket = self._live.pop(key, None)
-            if bucket is not None:
-                self._leave(key, bucket)
+    def on_remove(self, key: OffloadKey, block: BlockStatus) -> None:
+        del self._state[key]
+        bucket = self._live.pop(key, None)
+        if bucket is not None:
+            self._leave(key, bucket)
 
     def touch(self, keys: Iterable[OffloadKey], req_context: ReqContext | None = None) -> None:
         """Count one use of each ready block; walk tail to head so the head is most recent."""
@@ -124,9 +119,7 @@ class LFUDACachePolicy(CachePolicy):
             if key in live:
                 self._push(key)
 
-    def evict(self, n: int, protected: Collection[OffloadKey]) -> Victims | None:
-        if n <= 0:
-            return []
+    def evict_keys(self, n: int, protected: Collection[OffloadKey]) -> list[OffloadKey] | None:
         live = self._live
         if n > len(live) - len(live.keys() & protected):
             return None
@@ -164,10 +157,10 @@ class LFUDACachePolicy(CachePolicy):
         state = self._state
         for key in chosen:
             del live[key], state[key]
-        return list(zip(chosen, map(self._blocks.pop, chosen), strict=True))
+        return chosen
 
-    def clear(self) -> None:
-        for container in (self._blocks, self._state, self._live, self._buckets):
+    def on_clear(self) -> None:
+        for container in (self._state, self._live, self._buckets):
             container.clear()
         self._bucket_heap.clear()
         self._age = 0

@@ -35,7 +35,7 @@ from itertools import islice
 from kvoffload._checks import check_number
 from kvoffload.context import ReqContext
 from kvoffload.keys import OffloadKey
-from kvoffload.policies.base import BlockStatus, CachePolicy, Victims, already_stored
+from kvoffload.policies.base import BlockStatus, CachePolicy
 from kvoffload.policies.victims import protected_disjoint
 
 
@@ -59,12 +59,9 @@ class LIRSCachePolicy(CachePolicy):
         self._lir_order: OrderedDict[OffloadKey, None] = OrderedDict()  # evictable LIR, S order
         self._ghosts: OrderedDict[OffloadKey, None] = OrderedDict()  # non-resident S entries
 
-    def insert(
-        self, key: OffloadKey, block: BlockStatus, req_context: ReqContext | None = None
+    def on_insert(
+        self, key: OffloadKey, block: BlockStatus, req_context: ReqContext | None
     ) -> None:
-        if key in self._blocks:
-            raise already_stored(key)
-        self._blocks[key] = block
         evictable = block.ref_cnt == 0
         if self._ghosts.pop(key, 0) is None:  # seen recently enough: its reuse distance is short
             self._stack.move_to_end(key)
@@ -106,9 +103,7 @@ class LIRSCachePolicy(CachePolicy):
             del stack[bottom]
             ghosts.pop(bottom, None)
 
-    def remove(self, key: OffloadKey) -> None:
-        if self._blocks.pop(key, None) is None:
-            return
+    def on_remove(self, key: OffloadKey, block: BlockStatus) -> None:
         if key in self._lir:
             self._lir.discard(key)
             self._lir_order.pop(key, None)
@@ -142,9 +137,7 @@ class LIRSCachePolicy(CachePolicy):
                 self._stack.move_to_end(key)
                 self._ghosts.move_to_end(key)
 
-    def evict(self, n: int, protected: Collection[OffloadKey]) -> Victims | None:
-        if n <= 0:
-            return []
+    def evict_keys(self, n: int, protected: Collection[OffloadKey]) -> list[OffloadKey] | None:
         if n > len(self._queue) + len(self._lir_order):
             return None
         chosen_hir: list[OffloadKey] = list(islice(self._queue, n))
@@ -156,21 +149,18 @@ class LIRSCachePolicy(CachePolicy):
             self._choose(n, protected, chosen_hir, chosen_lir)
             if len(chosen_hir) + len(chosen_lir) < n:
                 return None
-        victims: Victims = []
-        queue, blocks, stack, ghosts = self._queue, self._blocks, self._stack, self._ghosts
+        queue, stack, ghosts = self._queue, self._stack, self._ghosts
         for key in chosen_hir:
             del queue[key]
-            victims.append((key, blocks.pop(key)))
             if key in stack:
                 ghosts[key] = None
         for key in chosen_lir:
             del self._lir_order[key]
             self._lir.discard(key)
             del self._stack[key]
-            victims.append((key, self._blocks.pop(key)))
         if chosen_lir:
             self._prune()
-        return victims
+        return chosen_hir + chosen_lir
 
     def _choose(
         self,
@@ -187,9 +177,8 @@ class LIRSCachePolicy(CachePolicy):
                 if key not in protected:
                     chosen.append(key)
 
-    def clear(self) -> None:
+    def on_clear(self) -> None:
         for container in (
-            self._blocks,
             self._lir,
             self._stack,
             self._queue,

@@ -14,7 +14,7 @@ from itertools import islice
 
 from kvoffload.context import ReqContext
 from kvoffload.keys import OffloadKey
-from kvoffload.policies.base import BlockStatus, CachePolicy, Victims, already_stored
+from kvoffload.policies.base import BlockStatus, CachePolicy
 from kvoffload.policies.victims import append_absent, protected_disjoint, ready_keys
 
 
@@ -29,36 +29,32 @@ class LRUCachePolicy(CachePolicy):
         # Evictable keys, least recent first.
         self._evictable: OrderedDict[OffloadKey, None] = OrderedDict()
 
-    def insert(
-        self, key: OffloadKey, block: BlockStatus, req_context: ReqContext | None = None
+    def on_insert(
+        self, key: OffloadKey, block: BlockStatus, req_context: ReqContext | None
     ) -> None:
-        if key in self._blocks:
-            raise already_stored(key)
-        self._blocks[key] = block
         if block.ref_cnt == 0:
             self._evictable[key] = None
 
-    def insert_many(
+    def on_insert_many(
         self,
         keys: Sequence[OffloadKey],
         blocks: Sequence[BlockStatus],
-        req_context: ReqContext | None = None,
+        req_context: ReqContext | None,
     ) -> None:
-        """One table update for the batch (the manager stores a request's misses at once).
+        """One pass for the batch (the manager stores a request's misses at once).
 
         Kept although its gain over the base loop is below the 10% the batching rule asks:
         with :meth:`mark_evictable_many` it saves a steady share of the manager's prefix
         replay, timed (``policy_cost.py --base-loops``) and counted in instructions
         (``tools/ab_instructions.py``); figures in ``docs/benchmarks.md``.
         """
-        self._add_blocks(keys, blocks)
         evictable = self._evictable
         for key in ready_keys(keys, blocks):
             evictable[key] = None
 
     def mark_evictable_many(self, keys: Sequence[OffloadKey]) -> None:
         """New entries appended in one pass (completed stores and loads, the usual case);
-        kept with :meth:`insert_many` (see there)."""
+        kept with :meth:`on_insert_many` (see there)."""
         evictable = self._evictable
         if evictable.keys().isdisjoint(keys) and all(map(self._blocks.__contains__, keys)):
             append_absent(evictable, keys)
@@ -67,9 +63,8 @@ class LRUCachePolicy(CachePolicy):
         for key in keys:
             mark_evictable(key)
 
-    def remove(self, key: OffloadKey) -> None:
-        if self._blocks.pop(key, None) is not None:
-            self._evictable.pop(key, None)
+    def on_remove(self, key: OffloadKey, block: BlockStatus) -> None:
+        self._evictable.pop(key, None)
 
     def touch(self, keys: Iterable[OffloadKey], req_context: ReqContext | None = None) -> None:
         evictable = self._evictable
@@ -78,9 +73,7 @@ class LRUCachePolicy(CachePolicy):
             if key in evictable:
                 move(key)
 
-    def evict(self, n: int, protected: Collection[OffloadKey]) -> Victims | None:
-        if n <= 0:
-            return []
+    def evict_keys(self, n: int, protected: Collection[OffloadKey]) -> list[OffloadKey] | None:
         evictable = self._evictable
         if n > len(evictable):
             return None
@@ -88,7 +81,7 @@ class LRUCachePolicy(CachePolicy):
             for key in evictable:
                 if key not in protected:
                     del evictable[key]
-                    return [(key, self._blocks.pop(key))]
+                    return [key]
             return None
         chosen = list(islice(evictable, n))  # the n least recent: the usual answer
         if not protected or protected_disjoint(protected, chosen):
@@ -105,10 +98,9 @@ class LRUCachePolicy(CachePolicy):
                 return None
             for key in chosen:
                 del evictable[key]
-        return list(zip(chosen, map(self._blocks.pop, chosen), strict=True))
+        return chosen
 
-    def clear(self) -> None:
-        self._blocks.clear()
+    def on_clear(self) -> None:
         self._evictable.clear()
 
     def mark_evictable(self, key: OffloadKey) -> None:

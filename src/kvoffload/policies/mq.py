@@ -30,7 +30,7 @@ from itertools import islice
 from kvoffload._checks import check_int, check_number
 from kvoffload.context import ReqContext
 from kvoffload.keys import OffloadKey
-from kvoffload.policies.base import BlockStatus, CachePolicy, Victims, already_stored
+from kvoffload.policies.base import BlockStatus, CachePolicy
 from kvoffload.policies.victims import first_unprotected, protected_disjoint
 
 _NEVER = float("inf")
@@ -40,6 +40,7 @@ class MQCachePolicy(CachePolicy):
     """Multi-Queue (ATC'01): LRU queues by access count, with lifetime-based demotion."""
 
     name = "mq"
+    access_count_params = ("lifetime",)
 
     def __init__(
         self,
@@ -77,30 +78,26 @@ class MQCachePolicy(CachePolicy):
     def _queue_for(self, freq: int) -> int:
         return min(freq.bit_length() - 1, self.num_queues - 1)
 
-    def insert(
-        self, key: OffloadKey, block: BlockStatus, req_context: ReqContext | None = None
+    def on_insert(
+        self, key: OffloadKey, block: BlockStatus, req_context: ReqContext | None
     ) -> None:
-        if key in self._blocks:
-            raise already_stored(key)
-        self._insert(key, block)
+        self._insert(key)
         if block.ref_cnt >= 0:  # inserted ready: the store is complete now
             self._complete_store(key)
 
-    def _insert(self, key: OffloadKey, block: BlockStatus) -> None:
+    def _insert(self, key: OffloadKey) -> None:
         past = self._revived.pop(key, None)
         ghost = self._qout.pop(key, None)  # inserted without a touch: still a Qout hit
         freq = (past if past is not None else ghost if ghost is not None else 0) + 1
-        self._blocks[key] = block
         self._freq[key] = freq
         self._queue[key] = ~self._queue_for(freq)
 
-    def insert_many(
+    def on_insert_many(
         self,
         keys: Sequence[OffloadKey],
         blocks: Sequence[BlockStatus],
-        req_context: ReqContext | None = None,
+        req_context: ReqContext | None,
     ) -> None:
-        self._add_blocks(keys, blocks)
         freqs, queue_of = self._freq, self._queue
         revived, qout = self._revived, self._qout
         last_queue = self.num_queues - 1
@@ -157,13 +154,11 @@ class MQCachePolicy(CachePolicy):
             self._lower_bound(queue, self._expire[next(iter(order))])
         return True
 
-    def remove(self, key: OffloadKey) -> None:
-        queue = self._queue.pop(key, None)
-        if queue is None:
-            return
+    def on_remove(self, key: OffloadKey, block: BlockStatus) -> None:
+        queue = self._queue.pop(key)
         if queue >= 0:
             self._dequeue(key, queue)
-        del self._blocks[key], self._freq[key]
+        del self._freq[key]
         self._expire.pop(key, None)
 
     def touch(self, keys: Iterable[OffloadKey], req_context: ReqContext | None = None) -> None:
@@ -275,9 +270,7 @@ class MQCachePolicy(CachePolicy):
                 bounds[k] = expire
         self._horizon = min(bounds)
 
-    def evict(self, n: int, protected: Collection[OffloadKey]) -> Victims | None:
-        if n <= 0:
-            return []
+    def evict_keys(self, n: int, protected: Collection[OffloadKey]) -> list[OffloadKey] | None:
         # The usual case: the n least recent blocks of the lowest queues, none protected.
         queues = self._queues
         chosen: list[OffloadKey] = []
@@ -310,32 +303,28 @@ class MQCachePolicy(CachePolicy):
                 above = True
                 if order:  # the queue's LRU block changed
                     self._lower_bound(queue, self._expire[next(iter(order))])
-        return self._forget_victims(chosen, above)
+        self._forget_victims(chosen, above)
+        return chosen
 
-    def _forget_victims(self, chosen: list[OffloadKey], above: bool) -> Victims:
-        """Drop the chosen (already unqueued) blocks, remember them in Qout; the victims."""
-        statuses, freqs, queue_of, qout = self._blocks, self._freq, self._queue, self._qout
-        victims: Victims = []
-        append = victims.append
+    def _forget_victims(self, chosen: list[OffloadKey], above: bool) -> None:
+        """Forget the chosen (already unqueued) blocks, remember them in Qout."""
+        freqs, queue_of, qout = self._freq, self._queue, self._qout
         if self._qout_limit > 0:
             for key in chosen:
-                append((key, statuses.pop(key)))
                 qout[key] = freqs.pop(key)
                 del queue_of[key]
             for _ in range(len(qout) - self._qout_limit):
                 qout.popitem(False)
         else:
             for key in chosen:
-                append((key, statuses.pop(key)))
                 del freqs[key], queue_of[key]
         if above:
             pop_expire = self._expire.pop
             for key in chosen:
                 pop_expire(key, None)
-        return victims
 
-    def clear(self) -> None:
-        for table in (self._blocks, self._freq, self._queue, self._expire):
+    def on_clear(self) -> None:
+        for table in (self._freq, self._queue, self._expire):
             table.clear()
         for order in self._queues:
             order.clear()

@@ -32,7 +32,7 @@ from typing import Any
 
 from kvoffload.context import ReqContext
 from kvoffload.keys import OffloadKey
-from kvoffload.policies.base import BlockStatus, CachePolicy, Victims, already_stored
+from kvoffload.policies.base import BlockStatus, CachePolicy
 
 _INSTANCE_IDS = itertools.count()
 _UNSEEN: Any = object()  # a key the request did not touch
@@ -124,28 +124,24 @@ class PrefixLRUCachePolicy(CachePolicy):
         return self._nodes.get(parent_key)
 
     # ------------------------------------------------------------------ the contract
-    def insert(
-        self, key: OffloadKey, block: BlockStatus, req_context: ReqContext | None = None
+    def on_insert(
+        self, key: OffloadKey, block: BlockStatus, req_context: ReqContext | None
     ) -> None:
-        if key in self._blocks:
-            raise already_stored(key)
         parent = self._parent_of(key, req_context)
         self._nodes[key] = _new_node(key, parent)
-        self._blocks[key] = block
         if parent is not None:
             parent[_CHILDREN] += 1
         if block.ref_cnt == 0:
             self._order[key] = None
 
-    def insert_many(
+    def on_insert_many(
         self,
         keys: Sequence[OffloadKey],
         blocks: Sequence[BlockStatus],
-        req_context: ReqContext | None = None,
+        req_context: ReqContext | None,
     ) -> None:
-        self._require_absent(keys)
-        # insert for each key, with the chain and the key positions looked up once per key.
-        nodes, statuses, order = self._nodes, self._blocks, self._order
+        # on_insert for each key, with the chain and the key positions looked up once per key.
+        nodes, order = self._nodes, self._order
         chain = self._chain(req_context)
         # Every key's touched predecessor, taken off the chain now (as each insert would).
         parent_keys = list(map(chain.pred.pop, keys, itertools.repeat(_UNSEEN)))
@@ -168,17 +164,13 @@ class PrefixLRUCachePolicy(CachePolicy):
                         parent = nodes.get(parent_key)
                 last_key, last_end = key, key_end
             nodes[key] = [0, parent, key, True]  # _new_node(key, parent)
-            statuses[key] = block
             if parent is not None:
                 parent[0] += 1
             if block.ref_cnt == 0:
                 order[key] = None
 
-    def remove(self, key: OffloadKey) -> None:
-        node = self._nodes.pop(key, None)
-        if node is None:
-            return
-        del self._blocks[key]
+    def on_remove(self, key: OffloadKey, block: BlockStatus) -> None:
+        node = self._nodes.pop(key)
         self._unlist(key)
         self._detach(node)
 
@@ -208,9 +200,7 @@ class PrefixLRUCachePolicy(CachePolicy):
                 del waiting[key]
                 order[key] = None
 
-    def evict(self, n: int, protected: Collection[OffloadKey]) -> Victims | None:
-        if n <= 0:
-            return []
+    def evict_keys(self, n: int, protected: Collection[OffloadKey]) -> list[OffloadKey] | None:
         order, waiting, nodes = self._order, self._waiting, self._nodes
         if n > len(order) + len(waiting):
             return None
@@ -264,7 +254,6 @@ class PrefixLRUCachePolicy(CachePolicy):
                 if key not in taken:
                     del order[key]
                     waiting[key] = None
-        victims = list(zip(chosen, map(self._blocks.pop, chosen), strict=True))
         for key in chosen[:walked] if left else chosen:
             del nodes[key]  # a leaf: no live node refers to it
             if key in order:
@@ -283,11 +272,10 @@ class PrefixLRUCachePolicy(CachePolicy):
                 if node[_CHILDREN] > 0:
                     self._forced += 1
                 self._detach(node)
-        return victims
+        return chosen
 
-    def clear(self) -> None:
+    def on_clear(self) -> None:
         self._nodes.clear()
-        self._blocks.clear()
         self._order.clear()
         self._waiting.clear()
         self._anonymous = _Chain()

@@ -36,7 +36,7 @@ from itertools import islice
 from kvoffload._checks import check_callable, check_int, check_number
 from kvoffload.context import ReqContext
 from kvoffload.keys import OffloadKey
-from kvoffload.policies.base import BlockStatus, CachePolicy, Victims, already_stored
+from kvoffload.policies.base import BlockStatus, CachePolicy
 from kvoffload.policies.victims import first_unprotected, protected_disjoint, ready_keys
 
 MIN_PRIORITY = 0
@@ -222,55 +222,43 @@ class RetentionCachePolicy(CachePolicy):
         if expired_first:
             yield self._expired
 
-    def _forget(self, key: OffloadKey) -> BlockStatus:
-        """Drop an unlisted stored ``key`` from every table; return its status."""
+    def _forget(self, key: OffloadKey) -> None:
+        """Drop an unlisted stored ``key`` from every table but the base's."""
         del self._level[key]
         self._pinned_evictable.discard(key)
         if self._deadline:
             self._deadline.pop(key, None)
-        return self._blocks.pop(key)
 
     # ------------------------------------------------------------------ the contract
-    def insert(
-        self, key: OffloadKey, block: BlockStatus, req_context: ReqContext | None = None
+    def on_insert(
+        self, key: OffloadKey, block: BlockStatus, req_context: ReqContext | None
     ) -> None:
-        if key in self._blocks:
-            raise already_stored(key)
         now = self._known_now(req_context)
         level, duration = self._request_priority(req_context)
-        self._blocks[key] = block
         self._level[key] = level
         if duration is not None:
             self._set_deadline(key, (self._clock() if now is None else now) + duration)
         if block.ref_cnt == 0:
             self._list(key)
 
-    def insert_many(
+    def on_insert_many(
         self,
         keys: Sequence[OffloadKey],
         blocks: Sequence[BlockStatus],
-        req_context: ReqContext | None = None,
+        req_context: ReqContext | None,
     ) -> None:
-        self._require_absent(keys)
-        statuses = self._blocks
-        if not keys or len(keys) != len(blocks):
-            super().insert_many(keys, blocks, req_context)
+        if not keys:
             return
         self._known_now(req_context)
         level, duration = self._request_priority(req_context)
-        statuses.update(zip(keys, blocks, strict=True))
-        if duration is not None:
-            for key in keys:  # deadlines: one insert at a time
-                statuses.pop(key, None)
-            super().insert_many(keys, blocks, req_context)
+        if duration is not None:  # deadlines: one insert at a time
+            super().on_insert_many(keys, blocks, req_context)
             return
         self._level.update(dict.fromkeys(keys, level))
         for key in ready_keys(keys, blocks):
             self._list(key)
 
-    def remove(self, key: OffloadKey) -> None:
-        if key not in self._blocks:
-            return
+    def on_remove(self, key: OffloadKey, block: BlockStatus) -> None:
         if self._is_listed(key):
             self._unlist(key)
         self._forget(key)
@@ -301,9 +289,7 @@ class RetentionCachePolicy(CachePolicy):
             if listed:
                 self._list(key)
 
-    def evict(self, n: int, protected: Collection[OffloadKey]) -> Victims | None:
-        if n <= 0:
-            return []
+    def evict_keys(self, n: int, protected: Collection[OffloadKey]) -> list[OffloadKey] | None:
         if self._deadlines:
             self._process_expiries(self._now(None))
         if n > self._listed:
@@ -323,19 +309,16 @@ class RetentionCachePolicy(CachePolicy):
                 if self._deadline:
                     for key in chosen:
                         self._deadline.pop(key, None)
-                return list(zip(chosen, map(self._blocks.pop, chosen), strict=True))
+                return chosen
         found = first_unprotected(self._eviction_orders(), n, protected)
         if found is None:
             return None
-        chosen = found
-        victims = []
-        for key in chosen:
+        for key in found:
             self._unlist(key)
-            victims.append((key, self._forget(key)))
-        return victims
+            self._forget(key)
+        return found
 
-    def clear(self) -> None:
-        self._blocks.clear()
+    def on_clear(self) -> None:
         self._level.clear()
         self._deadline.clear()
         self._pinned_evictable.clear()

@@ -50,7 +50,7 @@ from itertools import islice
 from kvoffload._checks import check_int, check_number
 from kvoffload.context import ReqContext
 from kvoffload.keys import OffloadKey
-from kvoffload.policies.base import BlockStatus, CachePolicy, Victims, already_stored
+from kvoffload.policies.base import BlockStatus, CachePolicy
 from kvoffload.policies.victims import protected_disjoint, ready_keys
 
 _MAX_FREQ = 3  # 2-bit counters
@@ -96,15 +96,12 @@ class S3FIFOCachePolicy(CachePolicy):
         self._evictable_main: set[OffloadKey] = set()
 
     # ------------------------------------------------------------------ basic operations
-    def insert(
-        self, key: OffloadKey, block: BlockStatus, req_context: ReqContext | None = None
+    def on_insert(
+        self, key: OffloadKey, block: BlockStatus, req_context: ReqContext | None
     ) -> None:
-        if key in self._blocks:
-            raise already_stored(key)
         ghost_hit = self._ghost_hits.pop(key, 0) is None
         if self._ghost.pop(key, 0) is None:  # inserted without a touch: still a ghost hit
             ghost_hit = True
-        self._blocks[key] = block
         self._freq[key] = 0
         queue, evictable = (
             (self._main, self._evictable_main)
@@ -115,11 +112,11 @@ class S3FIFOCachePolicy(CachePolicy):
         if block.ref_cnt == 0:
             evictable.add(key)
 
-    def insert_many(
+    def on_insert_many(
         self,
         keys: Sequence[OffloadKey],
         blocks: Sequence[BlockStatus],
-        req_context: ReqContext | None = None,
+        req_context: ReqContext | None,
     ) -> None:
         """A batch without ghosts goes to S at once (with a ghost: one key at a time).
 
@@ -130,9 +127,8 @@ class S3FIFOCachePolicy(CachePolicy):
         if (ghost and not ghost.keys().isdisjoint(keys)) or (
             ghost_hits and not ghost_hits.keys().isdisjoint(keys)
         ):
-            CachePolicy.insert_many(self, keys, blocks, req_context)
+            CachePolicy.on_insert_many(self, keys, blocks, req_context)
             return
-        self._add_blocks(keys, blocks)
         freq, small = self._freq, self._small
         for key in keys:
             freq[key] = 0
@@ -141,7 +137,7 @@ class S3FIFOCachePolicy(CachePolicy):
 
     def mark_evictable_many(self, keys: Sequence[OffloadKey]) -> None:
         """Keys all in S or all in M (completed stores are in S) in one set update; a mix
-        one key at a time. Kept with :meth:`insert_many` (see there)."""
+        one key at a time. Kept with :meth:`on_insert_many` (see there)."""
         if all(map(self._small.__contains__, keys)):
             self._evictable_small.update(keys)
         elif all(map(self._main.__contains__, keys)):
@@ -151,9 +147,7 @@ class S3FIFOCachePolicy(CachePolicy):
             for key in keys:
                 mark_evictable(key)
 
-    def remove(self, key: OffloadKey) -> None:
-        if self._blocks.pop(key, None) is None:
-            return
+    def on_remove(self, key: OffloadKey, block: BlockStatus) -> None:
         del self._freq[key]
         if self._small.pop(key, 0) is None:
             self._evictable_small.discard(key)
@@ -177,9 +171,8 @@ class S3FIFOCachePolicy(CachePolicy):
                 if len(ghost_hits) > max(1, self.cache_capacity):
                     ghost_hits.popitem(last=False)
 
-    def clear(self) -> None:
+    def on_clear(self) -> None:
         for container in (
-            self._blocks,
             self._freq,
             self._small,
             self._main,
@@ -209,9 +202,7 @@ class S3FIFOCachePolicy(CachePolicy):
         }
 
     # ------------------------------------------------------------------ eviction
-    def evict(self, n: int, protected: Collection[OffloadKey]) -> Victims | None:
-        if n <= 0:
-            return []
+    def evict_keys(self, n: int, protected: Collection[OffloadKey]) -> list[OffloadKey] | None:
         es, em = self._evictable_small, self._evictable_main
         if protected:
             main_eligible = len(em) - len(em.intersection(protected))
@@ -241,7 +232,7 @@ class S3FIFOCachePolicy(CachePolicy):
                     del freq[key]
                 es.difference_update(chosen)
                 self._to_ghost(chosen)
-                return list(zip(chosen, map(self._blocks.pop, chosen), strict=True))
+                return chosen
         victims: list[OffloadKey] = []  # in eviction order
         small_victims: list[OffloadKey] = []  # their keys enter G
         promoted: list[OffloadKey] = []  # moved from S to M
@@ -310,7 +301,7 @@ class S3FIFOCachePolicy(CachePolicy):
         es.difference_update(victims)
         em.difference_update(victims)
         self._to_ghost(small_victims)
-        return list(zip(victims, map(self._blocks.pop, victims), strict=True))
+        return victims
 
     def _to_ghost(self, keys: list[OffloadKey]) -> None:
         """Append S's victims to G, then drop G's oldest keys beyond its bound."""

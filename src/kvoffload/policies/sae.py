@@ -58,7 +58,7 @@ from itertools import islice
 from kvoffload._checks import check_int, check_number
 from kvoffload.context import ReqContext
 from kvoffload.keys import OffloadKey
-from kvoffload.policies.base import BlockStatus, CachePolicy, Victims, already_stored
+from kvoffload.policies.base import BlockStatus, CachePolicy
 from kvoffload.policies.victims import protected_disjoint
 
 _INSTANCE_IDS = itertools.count()
@@ -302,18 +302,15 @@ class SAECachePolicy(CachePolicy):
         self._rebuild_heap()
 
     # ------------------------------------------------------------------ the contract
-    def insert(
-        self, key: OffloadKey, block: BlockStatus, req_context: ReqContext | None = None
+    def on_insert(
+        self, key: OffloadKey, block: BlockStatus, req_context: ReqContext | None
     ) -> None:
-        if key in self._blocks:
-            raise already_stored(key)
         state = self._request(req_context)
         session = state.session
         if session is None or not session.alive:
             session = self._session_for_insert(state, req_context)
         stored_ghost = self._ghosts.pop(key, 0.0)
         ghost = self._ghost_value(stored_ghost)
-        self._blocks[key] = block
         self._session_of[key] = session
         session.keys[key] = stored_ghost if ghost else 0.0
         if state.fresh and ghost:
@@ -325,16 +322,15 @@ class SAECachePolicy(CachePolicy):
             self._num_evictable += 1
             self._queue(session)
 
-    def insert_many(
+    def on_insert_many(
         self,
         keys: Sequence[OffloadKey],
         blocks: Sequence[BlockStatus],
-        req_context: ReqContext | None = None,
+        req_context: ReqContext | None,
     ) -> None:
-        self._require_absent(keys)
-        # insert for each key, with the request's state and session looked up once;
+        # on_insert for each key, with the request's state and session looked up once;
         # ghost_of: the session's ghosts.
-        statuses, session_of, ghosts = self._blocks, self._session_of, self._ghosts
+        session_of, ghosts = self._session_of, self._ghosts
         scale, threshold, norm = self._scale, self.ghost_prune_threshold, self.ghost_norm
         state = self._request(req_context)
         session: _Session | None = None
@@ -344,7 +340,6 @@ class SAECachePolicy(CachePolicy):
                 if session is None or not session.alive:
                     session = self._session_for_insert(state, req_context)
                 ghost_of, busy, fresh = session.keys, session.busy, state.fresh
-            statuses[key] = block
             session_of[key] = session
             stored_ghost = ghosts.pop(key, 0.0)
             ghost = stored_ghost * scale  # _ghost_value, inlined: 0 below the threshold
@@ -361,11 +356,9 @@ class SAECachePolicy(CachePolicy):
                 self._num_evictable += 1
                 self._queue(session)
 
-    def remove(self, key: OffloadKey) -> None:
-        session = self._session_of.pop(key, None)
-        if session is None:
-            return
-        del self._blocks[key], session.keys[key]
+    def on_remove(self, key: OffloadKey, block: BlockStatus) -> None:
+        session = self._session_of.pop(key)
+        del session.keys[key]
         if key in session.busy:
             session.busy.remove(key)
         else:
@@ -420,9 +413,7 @@ class SAECachePolicy(CachePolicy):
         if self._touches_since_decay >= self.decay_interval:
             self._decay()
 
-    def evict(self, n: int, protected: Collection[OffloadKey]) -> Victims | None:
-        if n <= 0:
-            return []
+    def evict_keys(self, n: int, protected: Collection[OffloadKey]) -> list[OffloadKey] | None:
         if n > self._num_evictable:
             return None
         popped: list[_Session] = []
@@ -467,24 +458,23 @@ class SAECachePolicy(CachePolicy):
                 self._queue(session)
         return victims
 
-    def _evict_chosen(self, taken: list[tuple[_Session, list[OffloadKey]]]) -> Victims:
-        """Drop the chosen (evictable) blocks, remembering their ghosts; the victims.
+    def _evict_chosen(self, taken: list[tuple[_Session, list[OffloadKey]]]) -> list[OffloadKey]:
+        """Drop the chosen (evictable) blocks, remembering their ghosts; the victims' keys.
 
         ``taken`` holds each session with its chosen blocks, in order: a session's counters
         change once for all of them (and a session left without blocks is dropped).
         """
-        session_of, pop_status, ghosts = self._session_of, self._blocks.pop, self._ghosts
+        session_of, ghosts = self._session_of, self._ghosts
         remember = self.ghost_capacity > 0
-        victims: Victims = []
-        append = victims.append
+        victims: list[OffloadKey] = []
         for session, keys in taken:
             pop_ghost = session.keys.pop
             for key in keys:
                 del session_of[key]
                 ghost = pop_ghost(key)
                 if ghost and remember:
-                    ghosts[key] = ghost  # _remember_ghost; victims are never in the table
-                append((key, pop_status(key)))
+                    ghosts[key] = ghost  # _remember_ghost; a victim is never a ghost already
+            victims += keys
             session.evictable -= len(keys)
             if not session.keys:
                 self._drop_session(session)
@@ -492,9 +482,8 @@ class SAECachePolicy(CachePolicy):
             ghosts.popitem(False)
         return victims
 
-    def clear(self) -> None:
+    def on_clear(self) -> None:
         self._epoch += 1
-        self._blocks.clear()
         self._session_of.clear()
         self._sessions.clear()
         self._named.clear()

@@ -18,7 +18,8 @@ prefix cache's usable hit ratio is within a few thousandths of it (``benchmarks/
 measures both).
 
 Parameters a policy counts in accesses (MQ's ``lifetime``, ``kvaware``'s ``decay_window``;
-see :data:`ACCESS_COUNT_PARAMS`) are scaled by the rate too, as SHARDS scales the capacity.
+each class declares them in ``access_count_params``) are scaled by the rate too, as SHARDS
+scales the capacity.
 
 Small caches make small miniatures, and a miniature of a few blocks says little:
 ``min_shadow_blocks`` raises the rate for them (fixed-size SHARDS), up to every key.
@@ -56,7 +57,7 @@ from kvoffload._checks import check_int, check_number
 from kvoffload.context import HINT_FIELDS, ReqContext
 from kvoffload.keys import OffloadKey
 from kvoffload.policies.base import BlockStatus, CachePolicy
-from kvoffload.policies.factory import create_cache_policy
+from kvoffload.policies.factory import create_cache_policy, get_cache_policy_cls
 
 _HASH_SPACE = 1 << 32
 _MIX = 0x9E3779B1  # odd multiplier: breaks CRC32's linearity over consecutive ids
@@ -83,21 +84,15 @@ CandidateSpec = str | tuple[str, Mapping[str, object]]
 #: keys protected, completions when the request ends), ``blocks`` one key at a time.
 PROTOCOLS = ("requests", "blocks")
 
-#: Parameters counted in accesses (or inserts), by policy: a miniature sees ``rate`` times the
-#: accesses, so it gets them scaled by ``rate`` (from the full-size policy's resolved value),
-#: or its clocks would run ``1 / rate`` times slow and it would decide like a bigger cache.
-ACCESS_COUNT_PARAMS: dict[str, tuple[str, ...]] = {
-    "mq": ("lifetime",),
-    "kvaware": ("decay_window",),
-}
-
 
 def scaled_params(
     name: str, params: Mapping[str, object], capacity: int, rate: float
 ) -> dict[str, object]:
-    """``params`` for a miniature of policy ``name``: access-count parameters times ``rate``."""
+    """``params`` for a miniature of policy ``name``: the parameters its class counts in
+    accesses (:attr:`CachePolicy.access_count_params`) times ``rate``, from the full-size
+    policy's resolved values."""
     out = dict(params)
-    counted = ACCESS_COUNT_PARAMS.get(name, ())
+    counted = get_cache_policy_cls(name).access_count_params
     if not counted or rate >= 1.0:
         return out
     full = create_cache_policy(name, capacity, None, dict(params))
@@ -641,7 +636,6 @@ class ShadowEvaluator:
 
 
 __all__ = [
-    "ACCESS_COUNT_PARAMS",
     "PROTOCOLS",
     "CandidateSpec",
     "ShadowEstimate",

@@ -23,7 +23,7 @@ from collections.abc import Collection, Iterable
 
 from kvoffload.context import ReqContext
 from kvoffload.keys import OffloadKey
-from kvoffload.policies.base import BlockStatus, Victims
+from kvoffload.policies.base import BlockStatus
 from kvoffload.policies.evictable_set import EvictableSetPolicy
 
 
@@ -52,10 +52,10 @@ class SieveCachePolicy(EvictableSetPolicy):
         self._newest: _Node | None = None
         self._hand: _Node | None = None  # None: the next sweep starts at the old end
 
-    def insert(
-        self, key: OffloadKey, block: BlockStatus, req_context: ReqContext | None = None
+    def on_insert(
+        self, key: OffloadKey, block: BlockStatus, req_context: ReqContext | None
     ) -> None:
-        self._add_block(key, block)
+        super().on_insert(key, block, req_context)
         node = _Node(key, block)
         node.older = self._newest
         if self._newest is None:
@@ -65,12 +65,9 @@ class SieveCachePolicy(EvictableSetPolicy):
         self._newest = node
         self._nodes[key] = node
 
-    def remove(self, key: OffloadKey) -> None:
-        node = self._nodes.pop(key, None)
-        if node is not None:
-            del self._blocks[key]
-            self._evictable.discard(key)
-            self._unlink(node)
+    def on_remove(self, key: OffloadKey, block: BlockStatus) -> None:
+        super().on_remove(key, block)
+        self._unlink(self._nodes.pop(key))
 
     def _unlink(self, node: _Node) -> None:
         if self._hand is node:
@@ -93,9 +90,7 @@ class SieveCachePolicy(EvictableSetPolicy):
             if node is not None and node.status.ref_cnt >= 0:
                 node.visited = True
 
-    def evict(self, n: int, protected: Collection[OffloadKey]) -> Victims | None:
-        if n <= 0:
-            return []
+    def evict_keys(self, n: int, protected: Collection[OffloadKey]) -> list[OffloadKey] | None:
         if not self._can_evict(n, protected):
             return None
         evictable = self._evictable
@@ -119,16 +114,16 @@ class SieveCachePolicy(EvictableSetPolicy):
             hand = hand.newer
         for passed in cleared:
             passed.visited = False
-        victims: Victims = []
-        for victim in chosen:
-            del self._nodes[victim.key], self._blocks[victim.key]
-            evictable.remove(victim.key)
+        keys = [victim.key for victim in chosen]
+        nodes = self._nodes
+        for victim, key in zip(chosen, keys, strict=True):
+            del nodes[key]
+            evictable.remove(key)
             self._unlink(victim)
-            victims.append((victim.key, victim.status))
         self._hand = hand
-        return victims
+        return keys
 
-    def clear(self) -> None:
-        super().clear()
+    def on_clear(self) -> None:
+        super().on_clear()
         self._nodes.clear()
         self._oldest = self._newest = self._hand = None

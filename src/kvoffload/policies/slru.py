@@ -34,7 +34,7 @@ from collections.abc import Collection, Iterable, Mapping
 from kvoffload._checks import check_bool, check_int, check_number
 from kvoffload.context import ReqContext
 from kvoffload.keys import OffloadKey
-from kvoffload.policies.base import BlockStatus, CachePolicy, Victims, already_stored
+from kvoffload.policies.base import BlockStatus, CachePolicy
 from kvoffload.policies.victims import first_unprotected
 
 
@@ -79,26 +79,21 @@ class SLRUCachePolicy(CachePolicy):
         """Resident blocks per level, probation first (pinned blocks included)."""
         return tuple(self._sizes)
 
-    def insert(
-        self, key: OffloadKey, block: BlockStatus, req_context: ReqContext | None = None
+    def on_insert(
+        self, key: OffloadKey, block: BlockStatus, req_context: ReqContext | None
     ) -> None:
-        if key in self._blocks:
-            raise already_stored(key)
         level = 0
         if self.fill_free_segments:
             for i, (size, limit) in enumerate(zip(self._sizes, self._limits, strict=True)):
                 if size < limit:
                     level = i
                     break
-        self._blocks[key] = block
         self._level[key] = level
         self._sizes[level] += 1
         if block.ref_cnt == 0:
             self._orders[level][key] = None
 
-    def remove(self, key: OffloadKey) -> None:
-        if self._blocks.pop(key, None) is None:
-            return
+    def on_remove(self, key: OffloadKey, block: BlockStatus) -> None:
         level = self._level.pop(key)
         self._sizes[level] -= 1
         self._orders[level].pop(key, None)
@@ -132,22 +127,17 @@ class SLRUCachePolicy(CachePolicy):
             self._move(next(iter(order)), level, level - 1)
             level -= 1
 
-    def evict(self, n: int, protected: Collection[OffloadKey]) -> Victims | None:
-        if n <= 0:
-            return []
+    def evict_keys(self, n: int, protected: Collection[OffloadKey]) -> list[OffloadKey] | None:
         chosen = first_unprotected(self._orders, n, protected)
         if chosen is None:
             return None
-        victims: Victims = []
         for key in chosen:
             level = self._level.pop(key)
             self._sizes[level] -= 1
             del self._orders[level][key]
-            victims.append((key, self._blocks.pop(key)))
-        return victims
+        return chosen
 
-    def clear(self) -> None:
-        self._blocks.clear()
+    def on_clear(self) -> None:
         self._level.clear()
         self._sizes = [0] * self.num_segments
         for order in self._orders:

@@ -33,7 +33,7 @@ from collections.abc import Collection, Iterable, Mapping
 from kvoffload._checks import check_number
 from kvoffload.context import ReqContext
 from kvoffload.keys import OffloadKey
-from kvoffload.policies.base import BlockStatus, CachePolicy, Victims, already_stored
+from kvoffload.policies.base import BlockStatus, CachePolicy
 from kvoffload.policies.victims import next_unprotected
 
 
@@ -58,15 +58,12 @@ class TwoQCachePolicy(CachePolicy):
         # Keys whose ghost was hit by ``touch`` and that go to Am when inserted.
         self._reused: OrderedDict[OffloadKey, None] = OrderedDict()
 
-    def insert(
-        self, key: OffloadKey, block: BlockStatus, req_context: ReqContext | None = None
+    def on_insert(
+        self, key: OffloadKey, block: BlockStatus, req_context: ReqContext | None
     ) -> None:
-        if key in self._blocks:
-            raise already_stored(key)
         reused = self._reused.pop(key, 0) is None
         if self._out.pop(key, 0) is None:  # inserted without a touch: still a ghost hit
             reused = True
-        self._blocks[key] = block
         if reused:
             order = self._am_order
         else:
@@ -75,12 +72,11 @@ class TwoQCachePolicy(CachePolicy):
         if block.ref_cnt == 0:
             order[key] = None
 
-    def remove(self, key: OffloadKey) -> None:
-        if self._blocks.pop(key, None) is not None:
-            self._pinned.discard(key)
-            self._in_members.discard(key)
-            self._in_order.pop(key, None)
-            self._am_order.pop(key, None)
+    def on_remove(self, key: OffloadKey, block: BlockStatus) -> None:
+        self._pinned.discard(key)
+        self._in_members.discard(key)
+        self._in_order.pop(key, None)
+        self._am_order.pop(key, None)
 
     def touch(self, keys: Iterable[OffloadKey], req_context: ReqContext | None = None) -> None:
         blocks, am_order, out = self._blocks, self._am_order, self._out
@@ -94,9 +90,7 @@ class TwoQCachePolicy(CachePolicy):
                 if len(self._reused) > max(1, self.cache_capacity):
                     self._reused.popitem(last=False)
 
-    def evict(self, n: int, protected: Collection[OffloadKey]) -> Victims | None:
-        if n <= 0:
-            return []
+    def evict_keys(self, n: int, protected: Collection[OffloadKey]) -> list[OffloadKey] | None:
         pinned = self._pinned
         if n > len(self._in_order) + len(self._am_order) - len(pinned):
             return None
@@ -124,16 +118,13 @@ class TwoQCachePolicy(CachePolicy):
                 return None
             from_am.append(key)
             am_size -= 1
-        victims: Victims = []
         for key in from_am:
             del self._am_order[key]
-            victims.append((key, self._blocks.pop(key)))
         for key in from_in:
             del self._in_order[key]
             self._in_members.discard(key)
-            victims.append((key, self._blocks.pop(key)))
             self._remember(key)
-        return victims
+        return from_am + from_in
 
     def _remember(self, key: OffloadKey) -> None:
         if self._out_limit <= 0:
@@ -142,9 +133,8 @@ class TwoQCachePolicy(CachePolicy):
         while len(self._out) > self._out_limit:
             self._out.popitem(last=False)
 
-    def clear(self) -> None:
+    def on_clear(self) -> None:
         for container in (
-            self._blocks,
             self._in_members,
             self._in_order,
             self._am_order,

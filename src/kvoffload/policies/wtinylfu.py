@@ -39,7 +39,7 @@ from itertools import islice
 from kvoffload._checks import check_bool, check_int, check_number
 from kvoffload.context import ReqContext
 from kvoffload.keys import OffloadKey
-from kvoffload.policies.base import BlockStatus, CachePolicy, Victims, already_stored
+from kvoffload.policies.base import BlockStatus, CachePolicy
 from kvoffload.policies.frequency_sketch import FrequencySketch
 from kvoffload.policies.victims import append_absent, protected_disjoint, ready_keys
 
@@ -108,30 +108,26 @@ class WTinyLFUCachePolicy(CachePolicy):
         """Current window size target in blocks (moves when ``adaptive``)."""
         return self._window_limit
 
-    def insert(
-        self, key: OffloadKey, block: BlockStatus, req_context: ReqContext | None = None
+    def on_insert(
+        self, key: OffloadKey, block: BlockStatus, req_context: ReqContext | None
     ) -> None:
-        if key in self._blocks:
-            raise already_stored(key)
-        self._blocks[key] = block
         self._sizes[WINDOW] += 1
         if block.ref_cnt == 0:
             self._orders[WINDOW][key] = None
         else:
             self._parked[WINDOW].add(key)
 
-    def insert_many(
+    def on_insert_many(
         self,
         keys: Sequence[OffloadKey],
         blocks: Sequence[BlockStatus],
-        req_context: ReqContext | None = None,
+        req_context: ReqContext | None,
     ) -> None:
         """The batch into the window at once (every insert goes there, nothing else moves).
 
         Kept because it beats the base loop (``policy_cost.py --base-loops``; figures in
         ``docs/benchmarks.md``).
         """
-        self._add_blocks(keys, blocks)
         self._sizes[WINDOW] += len(keys)
         parked = self._parked[WINDOW]
         parked.update(keys)
@@ -144,7 +140,7 @@ class WTinyLFUCachePolicy(CachePolicy):
 
     def mark_evictable_many(self, keys: Sequence[OffloadKey]) -> None:
         """Completed stores (all parked in the window, the usual case) in one pass; anything
-        else one key at a time. Kept with :meth:`insert_many` (see there)."""
+        else one key at a time. Kept with :meth:`on_insert_many` (see there)."""
         parked = self._parked[WINDOW]
         if parked.issuperset(keys):
             parked.difference_update(keys)
@@ -168,9 +164,7 @@ class WTinyLFUCachePolicy(CachePolicy):
                 return region
         return None
 
-    def remove(self, key: OffloadKey) -> None:
-        if self._blocks.pop(key, None) is None:
-            return
+    def on_remove(self, key: OffloadKey, block: BlockStatus) -> None:
         region = self._region_of(key)
         if region is not None:  # (always: the block was stored)
             self._orders[region].pop(key, None)
@@ -252,9 +246,7 @@ class WTinyLFUCachePolicy(CachePolicy):
         self._set_limits()
         self._demote_protected_surplus()
 
-    def evict(self, n: int, protected: Collection[OffloadKey]) -> Victims | None:
-        if n <= 0:
-            return []
+    def evict_keys(self, n: int, protected: Collection[OffloadKey]) -> list[OffloadKey] | None:
         if not isinstance(protected, (set, frozenset)):
             protected = set(protected)
         orders = self._orders
@@ -270,10 +262,10 @@ class WTinyLFUCachePolicy(CachePolicy):
         # protected, then the window goes. Moves free nothing, and a duel keeps main's size,
         # so the steps come in phases: moves, then duels, then plain takes; each phase is
         # done in one pass.
-        sizes, statuses = self._sizes, self._blocks
+        sizes = self._sizes
         window_limit = self._window_limit
         main_limit = self.cache_capacity - window_limit
-        victims: Victims = []
+        victims: list[OffloadKey] = []
         moves = min(
             sizes[WINDOW] - window_limit + 1, main_limit - sizes[PROBATION] - sizes[PROTECTED]
         )
@@ -320,7 +312,7 @@ class WTinyLFUCachePolicy(CachePolicy):
                 victim, region = candidate, WINDOW
             del orders[region][victim]
             sizes[region] -= 1
-            victims.append((victim, statuses.pop(victim)))
+            victims.append(victim)
         left = n - len(victims)
         if left:  # plain takes: the first eligible blocks of probation, protected, window
             taken = list(islice(probation, left))
@@ -328,7 +320,7 @@ class WTinyLFUCachePolicy(CachePolicy):
                 for key in taken:  # the usual case: all from probation
                     del probation[key]
                 sizes[PROBATION] -= left
-                victims += zip(taken, map(statuses.pop, taken), strict=True)
+                victims += taken
                 return victims
             for region in (PROBATION, PROTECTED, WINDOW):
                 order = orders[region]
@@ -340,7 +332,7 @@ class WTinyLFUCachePolicy(CachePolicy):
                             break
                 for key in taken:
                     del order[key]
-                    victims.append((key, statuses.pop(key)))
+                victims += taken
                 sizes[region] -= len(taken)
                 left -= len(taken)
                 if not left:
@@ -349,8 +341,7 @@ class WTinyLFUCachePolicy(CachePolicy):
                 raise RuntimeError("no eligible block although evict checked there was one")
         return victims
 
-    def clear(self) -> None:
-        self._blocks.clear()
+    def on_clear(self) -> None:
         for parked in self._parked:
             parked.clear()
         self._sizes = [0, 0, 0]
