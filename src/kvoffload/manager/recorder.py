@@ -169,38 +169,50 @@ class TraceRecorder:
         taken = 0
         bt = self.block_tokens
         join = b"".join
+        # Names the loop uses, as locals: this function runs once per batch, too few times
+        # for the interpreter to specialise its global look-ups.
+        quote, hexlify_, divmod_, round_, len_, list_, map_ = (
+            _quote,
+            hexlify,
+            divmod,
+            round,
+            len,
+            list,
+            map,
+        )
+        keys_hex, hash_ids = _KEYS_HEX, _HASH_IDS
         while queue:
             keys, req_id, prompt, output, session, category = queue.popleft()
-            n = len(keys)
+            n = len_(keys)
             taken += n
-            width = len(keys[0])
+            width = len_(keys[0])
             blob = join(keys)
             # Microseconds in integer arithmetic: a float's shortest repr costs several
             # times more.
-            whole, micros = divmod(round(keys.started * 1_000_000), 1_000_000)
+            whole, micros = divmod_(round_(keys.started * 1_000_000), 1_000_000)
             # Keys of one width (an engine's usual case: the total is width x count and every
             # length is the width): one hex conversion for the request, repeats dropped when
             # read (the keys_hex format); otherwise the per-key hash_ids line.
-            if len(blob) == width * n and list(map(len, keys)).count(width) == n:
-                head = _KEYS_HEX
-                body = hexlify(blob)
+            if len_(blob) == width * n and list_(map_(len_, keys)).count(width) == n:
+                head = keys_hex
+                body = hexlify_(blob)
                 tail = b'","key_bytes":%d,"timestamp":%d.%06d' % (width, whole, micros)
             else:
                 unique = list(dict.fromkeys(keys))
-                n = len(unique)
-                head = _HASH_IDS
-                body = b'","'.join(map(hexlify, unique))
+                n = len_(unique)
+                head = hash_ids
+                body = b'","'.join(map_(hexlify_, unique))
                 tail = b'"],"timestamp":%d.%06d' % (whole, micros)
             if prompt is not None and bt is not None and (n - 1) * bt < prompt <= n * bt:
                 tail += b',"input_length":%d' % prompt
             if output:
                 tail += b',"output_length":%d' % output
             if session is not None:
-                tail += b',"session_id":%s' % _quote(session).encode()
+                tail += b',"session_id":%s' % quote(session).encode()
             if category is not None:
-                tail += b',"category":%s' % _quote(category).encode()
-            tail += b',"request_id":%s}\n' % _quote(req_id).encode()
-            length = len(head) + len(body) + len(tail)
+                tail += b',"category":%s' % quote(category).encode()
+            tail += b',"request_id":%s}\n' % quote(req_id).encode()
+            length = len_(head) + len_(body) + len_(tail)
             if size and size + length > self.max_bytes:
                 out.write(join(parts))
                 self.written += written
