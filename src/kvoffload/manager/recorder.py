@@ -10,11 +10,11 @@ keys differ in width)::
     {"keys_hex": "<key><key>...", "key_bytes": 12, "timestamp": 12.5, "input_length": 1800,
      "output_length": 120, "request_id": "r1", "session_id": "s1", "category": "chat"}
 
-It stays off the hot path: the manager's side extends one list per request (the request's
-only object here, kept in its context) and, when it finishes, appends a reference to it to a
-bounded queue; a background thread does the rest in batches (the key-width check, the join
-and hex of the keys, the line, one write per batch). When
-the queue is full (the disk is slower than the traffic) the request is dropped and counted
+It stays off the hot path: the manager's side extends one plain list per request (kept in
+its context with the request's start time) and, when it finishes, appends a reference to it
+to a bounded queue; a background thread does the rest in batches (the key-width check, the
+join and hex of the keys, the line, one write per batch). When the queue is
+full (the disk is slower than the traffic) the request is dropped and counted
 (:attr:`dropped`), never waited for. Files rotate at ``max_bytes``: ``trace.jsonl``, then
 ``trace-1.jsonl``, ``trace-2.jsonl`` ...; with ``max_files`` the oldest go.
 
@@ -38,16 +38,16 @@ from kvoffload.context import ReqContext
 
 _KEYS_HEX = b'{"keys_hex":"'
 _HASH_IDS = b'{"hash_ids":["'
-_Entry = tuple["_Recording", str, int | None, int | None, str | None, str | None]
+_Entry = tuple[list[bytes], float, str, int | None, int | None, str | None, str | None]
 
 
-class _Recording(list[bytes]):
-    """One request's keys so far (the list itself: one object per request for the collector
-    to track, not two) and when it was first seen; kept in its context until it finishes."""
+class _Keys:
+    """The key, in a request's context state, of its keys so far: a plain list (the writer's
+    ``bytes.join`` takes an exact list as it is; a subclass it copies first)."""
 
-    __slots__ = ("started",)
 
-    started: float
+class _Started:
+    """The key, in a request's context state, of when the request was first seen."""
 
 
 class TraceRecorder:
@@ -117,16 +117,18 @@ class TraceRecorder:
         # The context's state dict directly, not get_state/set_state: this runs on every
         # prepare_load and prepare_store, and two calls fewer per request are most of its cost.
         states = ctx._state
-        state: _Recording | None = states.get(_Recording)  # type: ignore[assignment]
+        state: list[bytes] | None = states.get(_Keys)  # type: ignore[assignment]
         if state is None:
-            state = states[_Recording] = _Recording(keys)
-            state.started = self._clock() if ctx.timestamp is None else ctx.timestamp
+            states[_Keys] = list(keys)
+            states[_Started] = self._clock() if ctx.timestamp is None else ctx.timestamp
         else:
             state += keys
 
     def finish(self, ctx: ReqContext) -> None:
         """Queue the finished request ``ctx`` for writing (or count it dropped)."""
-        state: _Recording | None = ctx._state.pop(_Recording, None)  # type: ignore[assignment]
+        states = ctx._state
+        state: list[bytes] | None = states.pop(_Keys, None)  # type: ignore[assignment]
+        started: float = states.pop(_Started, 0.0)  # type: ignore[assignment]
         if not state or self._closed:
             return
         pending = self._pending_keys - self._taken_keys + len(state)
@@ -137,7 +139,15 @@ class TraceRecorder:
         if pending > self._high_water:
             self._wake.set()
         self._queue.append(
-            (state, ctx.req_id, ctx.prompt_tokens, ctx.output_tokens, ctx.session_id, ctx.category)
+            (
+                state,
+                started,
+                ctx.req_id,
+                ctx.prompt_tokens,
+                ctx.output_tokens,
+                ctx.session_id,
+                ctx.category,
+            )
         )
         self.recorded += 1
 
@@ -181,28 +191,34 @@ class TraceRecorder:
             map,
         )
         keys_hex, hash_ids = _KEYS_HEX, _HASH_IDS
+        last_width = -1
+        width_part = b""
         while queue:
-            keys, req_id, prompt, output, session, category = queue.popleft()
+            keys, started, req_id, prompt, output, session, category = queue.popleft()
             n = len_(keys)
             taken += n
             width = len_(keys[0])
             blob = join(keys)
             # Microseconds in integer arithmetic: a float's shortest repr costs several
             # times more.
-            whole, micros = divmod_(round_(keys.started * 1_000_000), 1_000_000)
+            whole, micros = divmod_(round_(started * 1_000_000), 1_000_000)
             # Keys of one width (an engine's usual case: the total is width x count and every
             # length is the width): one hex conversion for the request, repeats dropped when
             # read (the keys_hex format); otherwise the per-key hash_ids line.
             if len_(blob) == width * n and list_(map_(len_, keys)).count(width) == n:
                 head = keys_hex
                 body = hexlify_(blob)
-                tail = b'","key_bytes":%d,"timestamp":%d.%06d' % (width, whole, micros)
+                if width != last_width:
+                    last_width = width
+                    width_part = b'","key_bytes":%d' % width
+                mid = width_part
             else:
-                unique = list(dict.fromkeys(keys))
+                unique = list_(dict.fromkeys(keys))
                 n = len_(unique)
                 head = hash_ids
                 body = b'","'.join(map_(hexlify_, unique))
-                tail = b'"],"timestamp":%d.%06d' % (whole, micros)
+                mid = b'"]'
+            tail = b',"timestamp":%d.%06d' % (whole, micros)
             if prompt is not None and bt is not None and (n - 1) * bt < prompt <= n * bt:
                 tail += b',"input_length":%d' % prompt
             if output:
@@ -212,7 +228,7 @@ class TraceRecorder:
             if category is not None:
                 tail += b',"category":%s' % quote(category).encode()
             tail += b',"request_id":%s}\n' % quote(req_id).encode()
-            length = len_(head) + len_(body) + len_(tail)
+            length = len_(head) + len_(body) + len_(mid) + len_(tail)
             if size and size + length > self.max_bytes:
                 out.write(join(parts))
                 self.written += written
@@ -223,6 +239,7 @@ class TraceRecorder:
                 size = 0
             append(head)
             append(body)
+            append(mid)
             append(tail)
             written += 1
             size += length
