@@ -201,6 +201,24 @@ def test_the_writer_writes_these_exact_lines(tmp_path: Path) -> None:
     )
     trace = load_trace(path, block_tokens=4)
     assert [len(r.block_ids) for r in trace.requests] == [2, 3, 1]
+    # A batch whose keys all have one width is hexed at once and cut per request.
+    path = tmp_path / "one_width.jsonl"
+    recorder = TraceRecorder(path, block_tokens=4, flush_interval_s=3600)
+    for name, keys in (
+        ("x", [b"\x00\x01", b"\xab\xcd"]),
+        ("y", [b"\xab\xcd"]),
+        ("z", [b"\x02\x03"]),
+    ):
+        ctx = ReqContext(req_id=name, timestamp=3.0)
+        recorder.add_keys(ctx, keys)
+        recorder.finish(ctx)
+    recorder.close()
+    assert path.read_bytes() == (
+        b'{"keys_hex":"0001abcd","key_bytes":2,"timestamp":3.000000,"request_id":"x"}\n'
+        b'{"keys_hex":"abcd","key_bytes":2,"timestamp":3.000000,"request_id":"y"}\n'
+        b'{"keys_hex":"0203","key_bytes":2,"timestamp":3.000000,"request_id":"z"}\n'
+    )
+    path = tmp_path / "t.jsonl"
     # Both kinds of line in one file read whichever comes first, a key one block either way.
     lines = path.read_bytes().splitlines(keepends=True)
     path.write_bytes(lines[1] + lines[0] + b'{"hash_ids":["abcd","0102"]}\n')

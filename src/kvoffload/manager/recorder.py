@@ -29,7 +29,9 @@ import time
 from binascii import hexlify
 from collections import deque
 from collections.abc import Callable, Sequence
+from itertools import chain, islice
 from json.encoder import encode_basestring_ascii as _quote  # C where available; ASCII out
+from operator import itemgetter
 from pathlib import Path
 from typing import BinaryIO
 
@@ -39,6 +41,7 @@ from kvoffload.context import ReqContext
 _KEYS_HEX = b'{"keys_hex":"'
 _HASH_IDS = b'{"hash_ids":["'
 _Entry = tuple[list[bytes], float, str, int | None, int | None, str | None, str | None]
+_first = itemgetter(0)
 
 
 class _Keys:
@@ -167,18 +170,40 @@ class TraceRecorder:
         return name.open("wb")
 
     def _write_pending(self) -> None:
-        # One loop over the batch with each line built inline, as pieces the batch's one
-        # join copies once: per request, the writer's Python (a call, formatting steps, a
-        # copy of the hex into the line) cost more than its per-key work.
+        # The batch is taken whole and its keys handled at once where they allow it (one
+        # width check, one join, one hex conversion for every request); each line is then
+        # built inline as pieces (its slice of the hex, a small tail) that the batch's one
+        # join copies once. Per request, the writer's Python (calls, formatting steps) cost
+        # more than its per-key work, so what can run once per batch does.
         queue = self._queue
+        count = len(queue)
+        # popleft in C, count times: the serving thread may append meanwhile.
+        batch = list(islice(iter(queue.popleft, None), count))
+        if batch:
+            self._write_batch(batch)
+        self._file.flush()
+
+    def _write_batch(self, batch: list[_Entry]) -> None:
         out = self._file
         parts: list[bytes] = []
         append = parts.append
         written = 0
         size = self._size
-        taken = 0
         bt = self.block_tokens
         join = b"".join
+        counts = list(map(len, map(_first, batch)))
+        every = list(chain.from_iterable(map(_first, batch)))
+        lengths = list(map(len, every))
+        width = lengths[0]
+        # Every key of the batch has one width (an engine's usual case): one hex string for
+        # the batch, each request's line a slice of it; repeats are dropped when read (the
+        # keys_hex format). Otherwise each request is looked at alone.
+        same = lengths.count(width) == len(lengths)
+        hexed = hexlify(join(every)) if same else b""
+        del every, lengths
+        step = 2 * width
+        width_part = b'","key_bytes":%d' % width
+        pos = 0
         # Names the loop uses, as locals: this function runs once per batch, too few times
         # for the interpreter to specialise its global look-ups.
         quote, hexlify_, divmod_, round_, len_, list_, map_ = (
@@ -191,33 +216,31 @@ class TraceRecorder:
             map,
         )
         keys_hex, hash_ids = _KEYS_HEX, _HASH_IDS
-        last_width = -1
-        width_part = b""
-        while queue:
-            keys, started, req_id, prompt, output, session, category = queue.popleft()
-            n = len_(keys)
-            taken += n
-            width = len_(keys[0])
-            blob = join(keys)
+        for (keys, started, req_id, prompt, output, session, category), n in zip(
+            batch, counts, strict=True
+        ):
+            if same:
+                head = keys_hex
+                end = pos + n * step
+                body = hexed[pos:end]
+                pos = end
+                mid = width_part
+            else:
+                key_width = len_(keys[0])
+                blob = join(keys)
+                if len_(blob) == key_width * n and list_(map_(len_, keys)).count(key_width) == n:
+                    head = keys_hex
+                    body = hexlify_(blob)
+                    mid = b'","key_bytes":%d' % key_width
+                else:
+                    unique = list_(dict.fromkeys(keys))
+                    n = len_(unique)
+                    head = hash_ids
+                    body = b'","'.join(map_(hexlify_, unique))
+                    mid = b'"]'
             # Microseconds in integer arithmetic: a float's shortest repr costs several
             # times more.
             whole, micros = divmod_(round_(started * 1_000_000), 1_000_000)
-            # Keys of one width (an engine's usual case: the total is width x count and every
-            # length is the width): one hex conversion for the request, repeats dropped when
-            # read (the keys_hex format); otherwise the per-key hash_ids line.
-            if len_(blob) == width * n and list_(map_(len_, keys)).count(width) == n:
-                head = keys_hex
-                body = hexlify_(blob)
-                if width != last_width:
-                    last_width = width
-                    width_part = b'","key_bytes":%d' % width
-                mid = width_part
-            else:
-                unique = list_(dict.fromkeys(keys))
-                n = len_(unique)
-                head = hash_ids
-                body = b'","'.join(map_(hexlify_, unique))
-                mid = b'"]'
             tail = b',"timestamp":%d.%06d' % (whole, micros)
             if prompt is not None and bt is not None and (n - 1) * bt < prompt <= n * bt:
                 tail += b',"input_length":%d' % prompt
@@ -244,10 +267,9 @@ class TraceRecorder:
             written += 1
             size += length
         self._size = size
-        self._taken_keys += taken
+        self._taken_keys += sum(counts)
         if parts:
             out.write(join(parts))
-        out.flush()
         self.written += written
 
     def _run(self) -> None:
