@@ -10,13 +10,14 @@ keys differ in width)::
     {"keys_hex": "<key><key>...", "key_bytes": 12, "timestamp": 12.5, "input_length": 1800,
      "output_length": 120, "request_id": "r1", "session_id": "s1", "category": "chat"}
 
-It stays off the hot path: the manager's side extends one plain list per request (kept in
-its context with the request's start time) and, when it finishes, appends a reference to it
-to a bounded queue; a background thread does the rest in batches (the key-width check, the
-join and hex of the keys, the line, one write per batch). When the queue is
-full (the disk is slower than the traffic) the request is dropped and counted
-(:attr:`dropped`), never waited for. Files rotate at ``max_bytes``: ``trace.jsonl``, then
-``trace-1.jsonl``, ``trace-2.jsonl`` ...; with ``max_files`` the oldest go.
+It stays off the hot path: the manager's side extends one list per request (the request's
+only object here, kept in its context) and, when it finishes, appends a reference to it to a
+bounded queue; a background thread does the rest in batches (one key-width check, join and
+hex conversion per batch where every key has one width, each line's fields, one write per
+batch). When the queue is full (the disk is slower than the traffic) the request is dropped
+and counted (:attr:`dropped`), never waited for. Files rotate at ``max_bytes``:
+``trace.jsonl``, then ``trace-1.jsonl``, ``trace-2.jsonl`` ...; with ``max_files`` the oldest
+go.
 
 Standard library only, so the manager layer can take it.
 """
@@ -40,17 +41,17 @@ from kvoffload.context import ReqContext
 
 _KEYS_HEX = b'{"keys_hex":"'
 _HASH_IDS = b'{"hash_ids":["'
-_Entry = tuple[list[bytes], float, str, int | None, int | None, str | None, str | None]
+_Entry = tuple["_Recording", str, int | None, int | None, str | None, str | None]
 _first = itemgetter(0)
 
 
-class _Keys:
-    """The key, in a request's context state, of its keys so far: a plain list (the writer's
-    ``bytes.join`` takes an exact list as it is; a subclass it copies first)."""
+class _Recording(list[bytes]):
+    """One request's keys so far (the list itself: one object per request for the collector
+    to track, not two) and when it was first seen; kept in its context until it finishes."""
 
+    __slots__ = ("started",)
 
-class _Started:
-    """The key, in a request's context state, of when the request was first seen."""
+    started: float
 
 
 class TraceRecorder:
@@ -120,18 +121,16 @@ class TraceRecorder:
         # The context's state dict directly, not get_state/set_state: this runs on every
         # prepare_load and prepare_store, and two calls fewer per request are most of its cost.
         states = ctx._state
-        state: list[bytes] | None = states.get(_Keys)  # type: ignore[assignment]
+        state: _Recording | None = states.get(_Recording)  # type: ignore[assignment]
         if state is None:
-            states[_Keys] = list(keys)
-            states[_Started] = self._clock() if ctx.timestamp is None else ctx.timestamp
+            state = states[_Recording] = _Recording(keys)
+            state.started = self._clock() if ctx.timestamp is None else ctx.timestamp
         else:
             state += keys
 
     def finish(self, ctx: ReqContext) -> None:
         """Queue the finished request ``ctx`` for writing (or count it dropped)."""
-        states = ctx._state
-        state: list[bytes] | None = states.pop(_Keys, None)  # type: ignore[assignment]
-        started: float = states.pop(_Started, 0.0)  # type: ignore[assignment]
+        state: _Recording | None = ctx._state.pop(_Recording, None)  # type: ignore[assignment]
         if not state or self._closed:
             return
         pending = self._pending_keys - self._taken_keys + len(state)
@@ -142,15 +141,7 @@ class TraceRecorder:
         if pending > self._high_water:
             self._wake.set()
         self._queue.append(
-            (
-                state,
-                started,
-                ctx.req_id,
-                ctx.prompt_tokens,
-                ctx.output_tokens,
-                ctx.session_id,
-                ctx.category,
-            )
+            (state, ctx.req_id, ctx.prompt_tokens, ctx.output_tokens, ctx.session_id, ctx.category)
         )
         self.recorded += 1
 
@@ -216,9 +207,7 @@ class TraceRecorder:
             map,
         )
         keys_hex, hash_ids = _KEYS_HEX, _HASH_IDS
-        for (keys, started, req_id, prompt, output, session, category), n in zip(
-            batch, counts, strict=True
-        ):
+        for (keys, req_id, prompt, output, session, category), n in zip(batch, counts, strict=True):
             if same:
                 head = keys_hex
                 end = pos + n * step
@@ -240,7 +229,7 @@ class TraceRecorder:
                     mid = b'"]'
             # Microseconds in integer arithmetic: a float's shortest repr costs several
             # times more.
-            whole, micros = divmod_(round_(started * 1_000_000), 1_000_000)
+            whole, micros = divmod_(round_(keys.started * 1_000_000), 1_000_000)
             tail = b',"timestamp":%d.%06d' % (whole, micros)
             if prompt is not None and bt is not None and (n - 1) * bt < prompt <= n * bt:
                 tail += b',"input_length":%d' % prompt
