@@ -79,6 +79,11 @@ def main() -> int:
         "--full", default="lru,arc,s3fifo", help="policies checked in full ('': none)"
     )
     parser.add_argument("--full-capacities", default="2%,10%,30%")
+    parser.add_argument(
+        "--policies",
+        help="policies sampled (comma-separated; default every built-in but auto; lru is "
+        "added, the control variate needs it)",
+    )
     parser.add_argument("--sample-rate", type=float, default=0.01)
     parser.add_argument("--sample-blocks", type=int, default=256)
     parser.add_argument("--salts", type=int, default=2)
@@ -164,6 +169,8 @@ def sampled_part(
     """Every built-in sampled, ``--full`` of them checked in full, and the sweep estimate."""
     sweep_caps = parse_capacities(SWEEP_CAPACITIES, trace.num_unique_blocks, trace.block_tokens)
     names = [name for name, *_ in BUILTIN_POLICIES if name != "auto"]
+    if args.policies:
+        names = list(dict.fromkeys(["lru", *(p for p in args.policies.split(",") if p)]))
     if "sampled" in parts:
         sampled_errors(trace, args, out, names, sweep_caps)
     if "sweep" in parts:

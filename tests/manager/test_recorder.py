@@ -161,3 +161,67 @@ def test_the_keys_hex_format_reads_each_key_once(tmp_path: Path) -> None:
     path.write_text(json.dumps({"keys_hex": "0a0b0c", "key_bytes": 2}) + "\n")
     with pytest.raises(TraceFormatError, match="multiple of 2 \\* key_bytes"):
         load_trace(path)
+
+
+def test_the_writer_writes_these_exact_lines(tmp_path: Path) -> None:
+    """The bytes ``simulate`` reads, pinned: field order, the microseconds, the hints, and a
+    request whose keys differ in width though their total is the first width times their
+    count (it must get the per-key line: one width check per request is not enough)."""
+    from kvoffload.context import ReqContext
+
+    path = tmp_path / "t.jsonl"
+    recorder = TraceRecorder(path, block_tokens=4, flush_interval_s=3600)
+    requests = [
+        (
+            ReqContext(
+                req_id="a",
+                session_id="s",
+                category="c",
+                timestamp=12.0000015,
+                prompt_tokens=11,
+                output_tokens=3,
+            ),
+            [b"\x00\x01", b"\xab\xcd", b"\x00\x01"],
+        ),
+        (
+            ReqContext(req_id="b", timestamp=1.5, prompt_tokens=99),
+            [b"\x01\x02", b"\x03", b"\x04\x05\x06"],
+        ),
+        (ReqContext(req_id="c", timestamp=0.25), [b"\xff"]),
+    ]
+    for ctx, keys in requests:
+        recorder.add_keys(ctx, keys)
+        recorder.finish(ctx)
+    recorder.close()
+    assert path.read_bytes() == (
+        b'{"keys_hex":"0001abcd0001","key_bytes":2,"timestamp":12.000002,"input_length":11,'
+        b'"output_length":3,"session_id":"s","category":"c","request_id":"a"}\n'
+        b'{"hash_ids":["0102","03","040506"],"timestamp":1.500000,"request_id":"b"}\n'
+        b'{"keys_hex":"ff","key_bytes":1,"timestamp":0.250000,"request_id":"c"}\n'
+    )
+    trace = load_trace(path, block_tokens=4)
+    assert [len(r.block_ids) for r in trace.requests] == [2, 3, 1]
+    # A batch whose keys all have one width is hexed at once and cut per request.
+    path = tmp_path / "one_width.jsonl"
+    recorder = TraceRecorder(path, block_tokens=4, flush_interval_s=3600)
+    for name, keys in (
+        ("x", [b"\x00\x01", b"\xab\xcd"]),
+        ("y", [b"\xab\xcd"]),
+        ("z", [b"\x02\x03"]),
+    ):
+        ctx = ReqContext(req_id=name, timestamp=3.0)
+        recorder.add_keys(ctx, keys)
+        recorder.finish(ctx)
+    recorder.close()
+    assert path.read_bytes() == (
+        b'{"keys_hex":"0001abcd","key_bytes":2,"timestamp":3.000000,"request_id":"x"}\n'
+        b'{"keys_hex":"abcd","key_bytes":2,"timestamp":3.000000,"request_id":"y"}\n'
+        b'{"keys_hex":"0203","key_bytes":2,"timestamp":3.000000,"request_id":"z"}\n'
+    )
+    path = tmp_path / "t.jsonl"
+    # Both kinds of line in one file read whichever comes first, a key one block either way.
+    lines = path.read_bytes().splitlines(keepends=True)
+    path.write_bytes(lines[1] + lines[0] + b'{"hash_ids":["abcd","0102"]}\n')
+    trace = load_trace(path, block_tokens=4)
+    first, second, third = (r.block_ids for r in trace.requests)
+    assert len(first) == 3 and len(second) == 2 and third == [second[1], first[0]]

@@ -12,11 +12,12 @@ keys differ in width)::
 
 It stays off the hot path: the manager's side extends one list per request (the request's
 only object here, kept in its context) and, when it finishes, appends a reference to it to a
-bounded queue; a background thread does the rest in batches (the key-width check, the join
-and hex of the keys, the line, one write per batch). When
-the queue is full (the disk is slower than the traffic) the request is dropped and counted
-(:attr:`dropped`), never waited for. Files rotate at ``max_bytes``: ``trace.jsonl``, then
-``trace-1.jsonl``, ``trace-2.jsonl`` ...; with ``max_files`` the oldest go.
+bounded queue; a background thread does the rest in batches (one key-width check, join and
+hex conversion per batch where every key has one width, each line's fields, one write per
+batch). When the queue is full (the disk is slower than the traffic) the request is dropped
+and counted (:attr:`dropped`), never waited for. Files rotate at ``max_bytes``:
+``trace.jsonl``, then ``trace-1.jsonl``, ``trace-2.jsonl`` ...; with ``max_files`` the oldest
+go.
 
 Standard library only, so the manager layer can take it.
 """
@@ -29,14 +30,19 @@ import time
 from binascii import hexlify
 from collections import deque
 from collections.abc import Callable, Sequence
+from itertools import chain, islice
 from json.encoder import encode_basestring_ascii as _quote  # C where available; ASCII out
+from operator import itemgetter
 from pathlib import Path
 from typing import BinaryIO
 
 from kvoffload._checks import check_int, check_number
 from kvoffload.context import ReqContext
 
+_KEYS_HEX = b'{"keys_hex":"'
+_HASH_IDS = b'{"hash_ids":["'
 _Entry = tuple["_Recording", str, int | None, int | None, str | None, str | None]
+_first = itemgetter(0)
 
 
 class _Recording(list[bytes]):
@@ -154,64 +160,106 @@ class TraceRecorder:
             oldest.unlink(missing_ok=True)
         return name.open("wb")
 
-    def _line(self, entry: _Entry) -> bytes:
-        keys, req_id, prompt, output, session, category = entry
-        width = len(keys[0])
-        n = len(keys)
-        blob = b"".join(keys)
-        if len(blob) == width * n and list(map(len, keys)).count(width) == n:
-            # Keys of one width (an engine's usual case): one hex conversion for the request;
-            # repeats are dropped when read (the keys_hex format).
-            head = b'{"keys_hex":"%s","key_bytes":%d' % (hexlify(blob), width)
-        else:
-            unique = list(dict.fromkeys(keys))
-            n = len(unique)
-            head = b'{"hash_ids":["%s"]' % '","'.join(map(bytes.hex, unique)).encode()
-        # Microseconds in integer arithmetic: a float's shortest repr costs several times more.
-        whole, micros = divmod(round(keys.started * 1_000_000), 1_000_000)
-        bt = self.block_tokens
-        tail = b""
-        if prompt is not None and bt is not None and (n - 1) * bt < prompt <= n * bt:
-            tail = b',"input_length":%d' % prompt
-        if output:
-            tail += b',"output_length":%d' % output
-        if session is not None:
-            tail += b',"session_id":%s' % _quote(session).encode()
-        if category is not None:
-            tail += b',"category":%s' % _quote(category).encode()
-        return b'%s,"timestamp":%d.%06d%s,"request_id":%s}\n' % (
-            head,
-            whole,
-            micros,
-            tail,
-            _quote(req_id).encode(),
-        )
-
     def _write_pending(self) -> None:
+        # The batch is taken whole and its keys handled at once where they allow it (one
+        # width check, one join, one hex conversion for every request); each line is then
+        # built inline as pieces (its slice of the hex, a small tail) that the batch's one
+        # join copies once. Per request, the writer's Python (calls, formatting steps) cost
+        # more than its per-key work, so what can run once per batch does.
         queue = self._queue
+        count = len(queue)
+        # popleft in C, count times: the serving thread may append meanwhile.
+        batch = list(islice(iter(queue.popleft, None), count))
+        if batch:
+            self._write_batch(batch)
+        self._file.flush()
+
+    def _write_batch(self, batch: list[_Entry]) -> None:
         out = self._file
-        lines: list[bytes] = []
+        parts: list[bytes] = []
+        append = parts.append
+        written = 0
         size = self._size
-        taken = 0
-        while queue:
-            entry = queue.popleft()
-            taken += len(entry[0])
-            line = self._line(entry)
-            if size and size + len(line) > self.max_bytes:
-                out.write(b"".join(lines))
-                self.written += len(lines)
-                lines.clear()
+        bt = self.block_tokens
+        join = b"".join
+        counts = list(map(len, map(_first, batch)))
+        every = list(chain.from_iterable(map(_first, batch)))
+        lengths = list(map(len, every))
+        width = lengths[0]
+        # Every key of the batch has one width (an engine's usual case): one hex string for
+        # the batch, each request's line a slice of it; repeats are dropped when read (the
+        # keys_hex format). Otherwise each request is looked at alone.
+        same = lengths.count(width) == len(lengths)
+        hexed = hexlify(join(every)) if same else b""
+        del every, lengths
+        step = 2 * width
+        width_part = b'","key_bytes":%d' % width
+        pos = 0
+        # Names the loop uses, as locals: this function runs once per batch, too few times
+        # for the interpreter to specialise its global look-ups.
+        quote, hexlify_, divmod_, round_, len_, list_, map_ = (
+            _quote,
+            hexlify,
+            divmod,
+            round,
+            len,
+            list,
+            map,
+        )
+        keys_hex, hash_ids = _KEYS_HEX, _HASH_IDS
+        for (keys, req_id, prompt, output, session, category), n in zip(batch, counts, strict=True):
+            if same:
+                head = keys_hex
+                end = pos + n * step
+                body = hexed[pos:end]
+                pos = end
+                mid = width_part
+            else:
+                key_width = len_(keys[0])
+                blob = join(keys)
+                if len_(blob) == key_width * n and list_(map_(len_, keys)).count(key_width) == n:
+                    head = keys_hex
+                    body = hexlify_(blob)
+                    mid = b'","key_bytes":%d' % key_width
+                else:
+                    unique = list_(dict.fromkeys(keys))
+                    n = len_(unique)
+                    head = hash_ids
+                    body = b'","'.join(map_(hexlify_, unique))
+                    mid = b'"]'
+            # Microseconds in integer arithmetic: a float's shortest repr costs several
+            # times more.
+            whole, micros = divmod_(round_(keys.started * 1_000_000), 1_000_000)
+            tail = b',"timestamp":%d.%06d' % (whole, micros)
+            if prompt is not None and bt is not None and (n - 1) * bt < prompt <= n * bt:
+                tail += b',"input_length":%d' % prompt
+            if output:
+                tail += b',"output_length":%d' % output
+            if session is not None:
+                tail += b',"session_id":%s' % quote(session).encode()
+            if category is not None:
+                tail += b',"category":%s' % quote(category).encode()
+            tail += b',"request_id":%s}\n' % quote(req_id).encode()
+            length = len_(head) + len_(body) + len_(mid) + len_(tail)
+            if size and size + length > self.max_bytes:
+                out.write(join(parts))
+                self.written += written
+                parts.clear()
+                written = 0
                 out.close()
                 out = self._file = self._open()
                 size = 0
-            lines.append(line)
-            size += len(line)
+            append(head)
+            append(body)
+            append(mid)
+            append(tail)
+            written += 1
+            size += length
         self._size = size
-        self._taken_keys += taken
-        if lines:
-            out.write(b"".join(lines))
-        out.flush()
-        self.written += len(lines)
+        self._taken_keys += sum(counts)
+        if parts:
+            out.write(join(parts))
+        self.written += written
 
     def _run(self) -> None:
         try:

@@ -51,7 +51,7 @@ from kvoffload.sim.replay import PolicySpec, ReplayOptions, _repeat_free_segment
 from kvoffload.sim.stack_distance import COLD, stack_distances, stack_distances_fenwick
 from kvoffload.sim.windows import Measure, request_windows
 
-METHODS = ("exact", "replay", "sampled")
+METHODS = ("exact", "replay", "sampled", "sampled+lru")
 
 
 @dataclass
@@ -598,7 +598,7 @@ def sampled_curve(
     known; that error is subtracted from every policy's estimate of the same sample. The
     policies' errors move together (they see the same sampled blocks: a hot block drawn or
     missed raises or lowers them all), so most of the luck of the draw goes; LRU's own
-    point becomes exact.
+    point becomes exact. Its points say so: ``method="sampled+lru"`` (plain: ``"sampled"``).
 
     Windows are not estimated (a window's sample is too small to say much); a warm-up is.
     """
@@ -669,7 +669,7 @@ def sampled_curve(
                     policy=spec.label,
                     capacity=cap.label,
                     capacity_blocks=cap.blocks,
-                    method="sampled",
+                    method="sampled+lru" if lru_control else "sampled",
                     requests=len(measured),
                     block_accesses=accesses,
                     tokens=tokens,

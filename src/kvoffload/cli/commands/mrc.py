@@ -20,8 +20,9 @@ DESCRIPTION = (
     "Hit-ratio curves at many capacities without a replay per capacity. LRU in blocks mode "
     "is exact (stack distances, one pass; block, prefix, token and request hit ratios); "
     "every other policy (and LRU with --sampled) runs as SHARDS-sampled miniatures with an "
-    "error estimate; --mode prefix replays LRU at each capacity (prefix mode is not a stack "
-    "algorithm). Default capacities "
+    "error estimate, by default corrected with LRU as a control variate (--lru-control) and "
+    "with the sample bounded (--max-sampled-blocks, --max-blocks); --mode prefix replays "
+    "LRU at each capacity (prefix mode is not a stack algorithm). Default capacities "
     f"{CAPACITIES.replace('%', '%%')} of the unique blocks, or --points N."
 )
 
@@ -72,6 +73,33 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=256,
         help="fixed size: raise the rate so each miniature holds at least this many blocks "
         "(default 256; 0: the fixed rate everywhere)",
+    )
+    g.add_argument(
+        "--max-sampled-blocks",
+        type=int,
+        default=32768,
+        metavar="N",
+        help="SHARDS fixed-size: lower the rate so the sample holds about N of the trace's "
+        "distinct blocks, so the time stops growing with the trace (default 32768; 0: no "
+        "bound, the rate everywhere)",
+    )
+    g.add_argument(
+        "--max-blocks",
+        type=int,
+        default=2048,
+        metavar="N",
+        help="largest miniature: lower the rate of a capacity whose miniature would hold more "
+        "than N blocks (default 2048; 0: no bound)",
+    )
+    g.add_argument(
+        "--lru-control",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="LRU as a control variate (blocks mode): every sample also runs LRU, and its "
+        "error against the exact LRU curve is taken off every policy's estimate of that "
+        "sample (method 'sampled+lru'; LRU itself then reads exact). Default: on in blocks "
+        "mode unless --sampled (which is there to show the sampling error); "
+        "--no-lru-control gives the plain estimate (method 'sampled')",
     )
     g.add_argument(
         "--salts",
@@ -125,6 +153,27 @@ def compute(args: argparse.Namespace, trace: Trace) -> Curves:
         raise UserError(f"--sample-rate must be in (0, 1], got {args.sample_rate}")
     if args.sample_blocks < 0:
         raise UserError(f"--sample-blocks must be >= 0, got {args.sample_blocks}")
+    bounds: dict[str, int | None] = {}
+    for flag, value in (
+        ("max_sampled_blocks", args.max_sampled_blocks),
+        ("max_blocks", args.max_blocks),
+    ):
+        if value and value < max(1, args.sample_blocks):
+            raise UserError(
+                f"--{flag.replace('_', '-')} must be 0 (no bound) or >= --sample-blocks "
+                f"({args.sample_blocks}), got {value}"
+            )
+        if value is not None and value < 0:
+            raise UserError(f"--{flag.replace('_', '-')} must be >= 0, got {value}")
+        bounds[flag] = value or None
+    lru_control = args.lru_control
+    if lru_control is None:
+        lru_control = args.mode == "blocks" and not args.sampled
+    elif lru_control and args.mode != "blocks":
+        raise UserError(
+            "--lru-control needs --mode blocks (the exact LRU curve it corrects against is "
+            "blocks mode)"
+        )
     if args.policy is None:
         args.policy = ["lru"]
     specs = inputs.policies(args)
@@ -158,6 +207,9 @@ def compute(args: argparse.Namespace, trace: Trace) -> Curves:
                     args.sample_blocks,
                     args.salts,
                     measure,
+                    max_sampled_blocks=bounds["max_sampled_blocks"],
+                    max_blocks=bounds["max_blocks"],
+                    lru_control=lru_control,
                 )
             )
     except (ValueError, TypeError) as exc:
@@ -194,8 +246,9 @@ def run(args: argparse.Namespace) -> int:
             tables.curves_table(curves.points),
             "exact: LRU from stack distances (equal to simulate --mode blocks); replay: one "
             "prefix-mode replay per capacity; sampled: SHARDS miniatures at capacity x rate "
-            "(block hit ratio only), ± est: standard error over --salts samples. req full / "
-            "req any: requests whose whole prompt / first block hit.",
+            "(block hit ratio only); sampled+lru: the same, less the sampled LRU's error "
+            "against the exact LRU curve (--lru-control); ± est: standard error over --salts "
+            "samples. req full / req any: requests whose whole prompt / first block hit.",
         ]
         if curves.windows:
             items.append(tables.curves_table(curves.windows, title="per window (by start)"))

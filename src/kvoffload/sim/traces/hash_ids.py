@@ -1,7 +1,8 @@
 """The generic format: ``{"hash_ids": [..]}`` plus optional fields; every block full by default.
 
 Optional: ``timestamp`` (seconds), ``input_length`` (sizes the last block), ``output_length``,
-``request_id``, ``session_id``, ``category``.
+``request_id``, ``session_id``, ``category``. A ``keys_hex`` line among them (a recording whose
+first request had keys of mixed width) is read as that format reads it.
 """
 
 from __future__ import annotations
@@ -21,6 +22,10 @@ class HashIdsFormat(TraceFormat):
         return "hash_ids" in obj
 
     def parse(self, obj: dict[str, Any], state: ReaderState) -> TraceRecord:
+        if "hash_ids" not in obj and "keys_hex" in obj:
+            from kvoffload.sim.traces.keys_hex import KeysHexFormat
+
+            return KeysHexFormat().parse(obj, state)
         ids = as_block_ids(require(obj, "hash_ids"), "hash_ids")
         input_length = obj.get("input_length")
         return record_with_hints(obj, ids, input_length)

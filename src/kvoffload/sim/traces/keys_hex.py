@@ -6,7 +6,9 @@
 conversion of a request's concatenated keys costs far less on the serving path than one per
 key; each key is the ``2 * key_bytes`` hex digits at its place. A key repeated within a
 request is read once (the manager counts one access per request and key), and then the
-record's ``input_length`` (written for the keys as offered) is not used.
+record's ``input_length`` (written for the keys as offered) is not used. The recorder writes a
+request whose keys differ in width as a ``hash_ids`` line in the same file; it is read here
+as that format reads it (its ids are the same hex strings, so a key is one block either way).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from collections.abc import Hashable
 from typing import Any
 
 from kvoffload.sim.traces.base import BadRecord, ReaderState, TraceFormat, TraceRecord
-from kvoffload.sim.traces.fields import as_int, record_with_hints, require
+from kvoffload.sim.traces.fields import as_block_ids, as_int, record_with_hints, require
 
 
 class KeysHexFormat(TraceFormat):
@@ -27,6 +29,9 @@ class KeysHexFormat(TraceFormat):
         return "keys_hex" in obj
 
     def parse(self, obj: dict[str, Any], state: ReaderState) -> TraceRecord:
+        if "keys_hex" not in obj and "hash_ids" in obj:
+            ids = as_block_ids(obj["hash_ids"], "hash_ids")
+            return record_with_hints(obj, ids, obj.get("input_length"))
         text = require(obj, "keys_hex")
         width = 2 * as_int(require(obj, "key_bytes"), "key_bytes", 1)
         if not isinstance(text, str) or not text:
