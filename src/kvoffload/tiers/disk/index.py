@@ -243,6 +243,11 @@ class DiskIndex:
         self._ledger.pin((key,), (entry.status,))
         return entry
 
+    def access(self, keys: list[OffloadKey]) -> None:
+        """One access to each of ``keys`` (records a get job pinned), through the ledger: the
+        policy learns of reads the same way the CPU tier's does."""
+        self._ledger.access(None, keys, None)
+
     def end_read(self, key: OffloadKey, corrupt: bool) -> IndexEntry | None:
         """Unpin; returns the entry when it must now be erased (found corrupt, last reader).
 
