@@ -55,7 +55,6 @@ from kvoffload._checks import check_int
 from kvoffload.keys import OffloadKey
 from kvoffload.tiers.base import (
     JobKind,
-    Medium,
     Presence,
     ScannedBlock,
     SlotMemory,
@@ -204,14 +203,7 @@ class RedisTier(RedisRecordIO, Tier):
                 f"a record of one {memory.slot_bytes}-byte slot needs {record_bytes} bytes, over "
                 f"max_value_bytes={max_value_bytes} (raise the server's proto-max-bulk-len)"
             )
-        self._caps = TierCapabilities(
-            medium=Medium.REMOTE,
-            shared=True,
-            persistent=True,
-            max_batch=0,
-            max_value_bytes=max_value_bytes,
-            supports_delete=True,
-        )
+        self._caps = TierCapabilities(max_value_bytes=max_value_bytes)
         self._client = (
             client
             if client is not None
@@ -438,21 +430,19 @@ class RedisTier(RedisRecordIO, Tier):
         those); in ``extra`` the server's side: back-off, verdict cache, records found
         existing, rejected by reason (``rejected_<reason>``) and failed keys by reason."""
         with self._lock:
-            counts = {k: float(v) for k, v in self._stats.items()}
-            extra = {k: v for k, v in counts.items() if k not in _COMMON}
-            extra["inflight_bytes"] = float(self._inflight_bytes)
-            extra["verdict_cache_entries"] = float(len(self._verdicts))
-            extra["available"] = 1.0 if self._available() else 0.0
+            counts = self._stats
             now = time.monotonic()
-            extra["nodes_backing_off"] = float(sum(u > now for u in self._down_until.values()))
-            failed = sum(v for k, v in counts.items() if "failed_" in k)
-            bad = sum(v for k, v in counts.items() if k.startswith("rejected_"))
-            return TierStats(
-                **{k: v for k, v in counts.items() if k in _COMMON},
-                failed_keys=failed,
-                bad_records=bad,
-                jobs_in_flight=float(self._runtime.jobs_in_flight),
-                extra=extra,
+            return TierStats.from_mapping(
+                {
+                    **counts,
+                    "inflight_bytes": self._inflight_bytes,
+                    "verdict_cache_entries": len(self._verdicts),
+                    "available": 1.0 if self._available() else 0.0,
+                    "nodes_backing_off": sum(u > now for u in self._down_until.values()),
+                    "failed_keys": sum(v for k, v in counts.items() if "failed_" in k),
+                    "bad_records": sum(v for k, v in counts.items() if k.startswith("rejected_")),
+                    "jobs_in_flight": self._runtime.jobs_in_flight,
+                }
             )
 
     def scan(self) -> Iterator[ScannedBlock]:
@@ -479,6 +469,3 @@ class RedisTier(RedisRecordIO, Tier):
         self._lookup_pool.shutdown(wait=True, cancel_futures=True)
         with contextlib.suppress(RedisError):  # closing a dead connection
             self._client.close()
-
-
-_COMMON = frozenset(TierStats.names())
