@@ -328,7 +328,8 @@ class DiskTier(Tier):
                 hit_keys.append(key)
                 tasks.append(RunItem(i, key, slot, entry))
             if hit_keys:
-                self._index.policy.touch(reversed(hit_keys))
+                hit_keys.reverse()  # tail first, as puts publish: a prefix head ends newest
+                self._index.access(hit_keys)
             for chunk in chunk_runs(tasks, self._threads, _MIN_GET_TASK_BYTES, self.record_bytes):
                 runtime.spawn(job, self._run_get, job, chunk)
             return runtime.finish(job)
