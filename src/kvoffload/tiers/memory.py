@@ -33,7 +33,7 @@ from kvoffload.tiers.base import (
     TierStats,
     check_seconds,
 )
-from kvoffload.tiers.runtime import CANCELLED, Job, TierRuntime
+from kvoffload.tiers.runtime import CANCELLED, Job, TierRuntime, check_batch
 
 
 @dataclass
@@ -173,13 +173,7 @@ class MemoryTier(Tier):
 
     def _check_batch(self, keys: Sequence[OffloadKey], slots: Sequence[int] | None) -> None:
         if slots is not None:
-            if len(keys) != len(slots):
-                raise ValueError(
-                    f"keys and slots must have the same length ({len(keys)} != {len(slots)})"
-                )
-            for slot in slots:
-                if not 0 <= slot < self.memory.num_slots:
-                    raise ValueError(f"slot must be in [0, {self.memory.num_slots}), got {slot}")
+            check_batch(keys, slots, self.memory.num_slots)
         limit = self._caps.max_batch
         if limit and len(keys) > limit:
             raise ValueError(f"a job may carry at most max_batch={limit} keys, got {len(keys)}")

@@ -69,7 +69,7 @@ from kvoffload.tiers.redis.connect import glob_escape, namespace_text, redis_ava
 from kvoffload.tiers.redis.record_io import RedisRecordIO
 from kvoffload.tiers.redis.records import RecordCodec
 from kvoffload.tiers.redis.transport import RedisError
-from kvoffload.tiers.runtime import CANCELLED, CLOSED, Job, TierRuntime
+from kvoffload.tiers.runtime import CANCELLED, CLOSED, Job, TierRuntime, check_batch
 
 logger = logging.getLogger(__name__)
 
@@ -303,14 +303,7 @@ class RedisTier(RedisRecordIO, Tier):
                     continue  # no verdict: the key reads MISS until asked again
                 self._remember(key, Presence.HIT if answer else Presence.MISS, now)
 
-    @staticmethod
-    def _check_batch(keys: Sequence[OffloadKey], slots: Sequence[int]) -> None:
-        if isinstance(keys, (bytes, str)) or isinstance(slots, (bytes, str)):
-            raise TypeError("keys and slots must be sequences (a single key is [key])")
-        if len(keys) != len(slots):
-            raise ValueError(f"{len(keys)} keys but {len(slots)} slots")
-
-    def _open(self, kind: JobKind, keys: list[OffloadKey], generation: int) -> tuple[Job, bool]:
+    def _open(self, kind: JobKind, keys: Sequence[OffloadKey], generation: int) -> tuple[Job, bool]:
         """A new job and whether it may run: on a closed tier it is already reported, each
         key ``"closed"`` (the one closed-tier rule of ``runtime``)."""
         with self._lock:
@@ -366,8 +359,7 @@ class RedisTier(RedisRecordIO, Tier):
     def submit_put(
         self, keys: Sequence[OffloadKey], slots: Sequence[int], generation: int = 0
     ) -> int:
-        self._check_batch(keys, slots)
-        keys, slots = list(keys), list(slots)
+        keys, slots = check_batch(keys, slots, self.memory.num_slots)
         job, runs = self._open(JobKind.PUT, keys, generation)
         if not runs:
             return job.job_id
@@ -386,11 +378,7 @@ class RedisTier(RedisRecordIO, Tier):
     def submit_get(
         self, keys: Sequence[OffloadKey], slots: Sequence[int], generation: int = 0
     ) -> int:
-        self._check_batch(keys, slots)
-        for slot in slots:
-            if not 0 <= slot < self.memory.num_slots:
-                raise ValueError(f"slot {slot} out of range [0, {self.memory.num_slots})")
-        keys, slots = list(keys), list(slots)
+        keys, slots = check_batch(keys, slots, self.memory.num_slots)
         job, runs = self._open(JobKind.GET, keys, generation)
         if not runs:
             return job.job_id
@@ -401,7 +389,7 @@ class RedisTier(RedisRecordIO, Tier):
     def submit_delete(self, keys: Sequence[OffloadKey], generation: int = 0) -> int:
         if isinstance(keys, (bytes, str)):
             raise TypeError("keys must be a sequence (a single key is [key])")
-        keys = list(keys)
+        keys = tuple(keys)
         job, runs = self._open(JobKind.DELETE, keys, generation)
         if not runs:
             return job.job_id
