@@ -141,10 +141,6 @@ class TierRuntime:
     def jobs_in_flight(self) -> int:
         return len(self._jobs)
 
-    def jobs(self) -> list[Job]:
-        """The jobs not yet reported, oldest first."""
-        return list(self._jobs.values())
-
     # ----------------------------------------------------------------- threads
 
     def spawn(self, job: Job, task: Callable[..., None], *args: Any) -> None:
