@@ -384,6 +384,9 @@ class TieringManager(TierPromotions, OffloadingManager):
         self.cpu.set_recorder(recorder)
 
     def prepare_load(self, keys: Iterable[OffloadKey], ctx: ReqContext) -> CPULoadStoreSpec:
+        """Pin the keys' CPU slots for a load to the device. The spec names CPU slots because
+        every load reads the CPU tier (secondaries only promote into it), as vLLM's tiering
+        manager returns its primary tier's ``CPULoadStoreSpec``."""
         keys = key_list(keys, "prepare_load")
         self._end_pass(ctx)
         spec = self.cpu.prepare_load(keys, ctx)
