@@ -293,14 +293,9 @@ class MemoryTier(Tier):
         view = self.memory.slot_view
         nbytes = 0
         for i, key in enumerate(job.keys):
-            if (
-                cancelled
-                and i not in fail
-                and i not in pending.skip
-                and job.kind is not JobKind.DELETE
-            ):
+            cancelled_now = cancelled and i not in fail and i not in pending.skip
+            if cancelled_now and job.kind is not JobKind.DELETE:
                 fail[i] = CANCELLED
-                cancelled_now = True
             else:
                 cancelled_now = False
             if job.kind is JobKind.PUT:
