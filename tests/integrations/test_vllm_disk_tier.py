@@ -26,7 +26,7 @@ try:
 except ImportError as exc:
     pytest.skip(f"vLLM is not importable here: {exc}", allow_module_level=True)
 
-from vllm.v1.kv_offload.base import LookupResult, ReqContext
+from vllm.v1.kv_offload.base import Locality, LookupResult, ReqContext
 from vllm.v1.kv_offload.tiering.base import TIER_LABEL, TieringOffloadingMetrics
 
 from kvoffload.tiers.disk import HEADER_BYTES, FileLayer, namespace_digest
@@ -123,6 +123,19 @@ def test_config_keys_follow_vllms_fs_tier_and_are_checked(tmp_path: Path) -> Non
     with pytest.raises(ValueError, match="'root_dir' and 'path' name the same setting"):
         both = disk_config(tmp_path, 4, path=str(tmp_path))
         tiering_spec([both], 4, engine_id=uid()).get_manager()
+
+
+def test_the_locality_key_is_honoured_as_by_vllms_fs_tier(tmp_path: Path) -> None:
+    """vLLM's fs tier takes ``locality`` (a disk may be a network mount); ours took the key
+    and dropped it, so vLLM's load filters and KV events never saw it."""
+    for given, expected in ((None, None), ("REMOTE", Locality.REMOTE), ("LOCAL", Locality.LOCAL)):
+        extra = {} if given is None else {"locality": given}
+        driver = driver_for(tmp_path / str(given), 4, 4, **extra)
+        try:
+            assert disk_of(driver).locality is expected
+        finally:
+            driver.close()
+    assert vllm_tiers.KVOffloadRedisTier.default_locality is Locality.REMOTE
 
 
 # ---------------------------------------------------------------- cascade, promotion, restart

@@ -262,6 +262,8 @@ def test_bad_arguments_fail_clearly(tmp_path: Path) -> None:
         tier.submit_put([_key(1)], [5])
     with pytest.raises(ValueError, match="pair up"):
         tier.submit_put([_key(1)], [0, 1])
+    with pytest.raises(TypeError, match=r"a single key is \[key\]"):  # one rule, every tier
+        tier.submit_put(_key(1), [0])  # type: ignore[arg-type]
     tier.close()
     after = _wait(tier, tier.submit_put([_key(1)], [0]))
     assert after.ok == (False,) and after.reasons == {0: "closed"}  # type: ignore[attr-defined]

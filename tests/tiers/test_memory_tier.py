@@ -131,6 +131,11 @@ def test_arguments_are_checked() -> None:
         tier.submit_get([key(0), key(1)], [0, 0])
     with pytest.raises(ValueError, match="slot must be"):
         tier.submit_put([key(0)], [3])
+    # the batch rule every tier shares (tiers.runtime.check_batch)
+    with pytest.raises(TypeError, match=r"a single key is \[key\]"):
+        tier.submit_put(key(0), [0])  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="slots must be ints"):
+        tier.submit_put([key(0)], [True])
 
 
 def test_registered_by_name() -> None:

@@ -477,8 +477,10 @@ def test_bad_arguments_are_clear_errors(standalone_url: str) -> None:
     try:
         with pytest.raises(TypeError, match="sequences"):
             tier.submit_put(b"0123", [0])  # type: ignore[arg-type]
-        with pytest.raises(ValueError, match="2 keys but 1 slots"):
+        with pytest.raises(ValueError, match="must pair up, got 2 and 1"):
             tier.submit_get([b"a", b"b"], [0])  # type: ignore[list-item]
+        with pytest.raises(ValueError, match="slot must be in"):  # checked at submit, as a get
+            tier.submit_put([bytes(32)], [2])  # type: ignore[list-item]
     finally:
         tier.close()
     # the one closed-tier rule: nothing served, every job reported with "closed" verdicts

@@ -7,6 +7,7 @@ import dataclasses
 
 import pytest
 
+import kvoffload.tiers
 from kvoffload.tiers import BytearraySlotMemory, MemoryTier, TierCapabilities
 from kvoffload.tiers.settings import SecondaryTier
 
@@ -29,7 +30,10 @@ def test_a_tier_that_cannot_hold_a_block_is_refused_before_it_serves() -> None:
 
 
 def test_the_capabilities_declare_nothing_that_nothing_reads() -> None:
-    """``supports_ttl`` was declared by the Redis tier and read by nobody: it is gone."""
+    """``supports_ttl`` (declared by the Redis tier) and ``medium``, ``shared``,
+    ``persistent`` (declared by every tier; the vLLM adapters state vLLM's medium and locality
+    themselves) were read by nobody: they are gone, and so is the ``Medium`` enum."""
     names = {f.name for f in dataclasses.fields(TierCapabilities)}
-    assert "supports_ttl" not in names
+    assert not {"supports_ttl", "medium", "shared", "persistent"} & names
+    assert not hasattr(kvoffload.tiers, "Medium")
     assert {"max_batch", "max_value_bytes", "supports_delete"} <= names

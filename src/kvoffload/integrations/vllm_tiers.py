@@ -169,6 +169,9 @@ class _KVOffloadSecondaryTier(SecondaryTierManager):
     )
     #: vLLM-style aliases of our tier's parameters (vLLM's name -> ours).
     _ALIASES: ClassVar[dict[str, str]] = {}
+    #: vLLM's ``locality`` when the config gives none (the config's ``locality`` wins, as
+    #: for vLLM's fs tier: where a path or a server lies is the operator's to say).
+    default_locality: ClassVar[Locality | None] = None
     drain_round_s: ClassVar[float] = 30.0
 
     def __init__(
@@ -196,6 +199,8 @@ class _KVOffloadSecondaryTier(SecondaryTierManager):
         self._emit_events = enable_kv_events and bool(
             getattr(events_cfg, "enable_kv_cache_events", False)
         )
+        locality = config.get("locality")
+        self.locality = Locality(locality) if locality is not None else self.default_locality
         ttl = config.get("failed_load_ttl_s", 5.0)
         ttl = check_seconds(f"{type(self).__name__}: failed_load_ttl_s", ttl)
         self.failed_load_ttl_s = float(ttl)
@@ -566,6 +571,7 @@ class KVOffloadRedisTier(_KVOffloadSecondaryTier):
     """
 
     medium: ClassVar[Medium | None] = None  # neither host nor local disk: "external"
+    default_locality: ClassVar[Locality | None] = Locality.REMOTE
     tier_class: ClassVar[type[Tier]] = _redis_tier_class()
     metric_kind: ClassVar[str] = "redis"
     metrics: ClassVar[tuple[TierMetric, ...]] = (
@@ -610,10 +616,6 @@ class KVOffloadRedisTier(_KVOffloadSecondaryTier):
         ),
         TierMetric("failed_", "keys_failed", "counter", "Keys of jobs that failed, by reason."),
     )
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.locality = Locality.REMOTE
 
     def _translate(self, config: dict[str, Any], spec: Any) -> dict[str, Any]:
         config = dict(config)

@@ -43,7 +43,6 @@ from kvoffload.sim.tier_config import (
 )
 from kvoffload.tiers import (
     BytearraySlotMemory,
-    Medium,
     MemoryTier,
     Presence,
     ScannedBlock,
@@ -58,7 +57,6 @@ from kvoffload.tiers.manager import SecondaryTier, TieringManager
 _HIT = LookupResult.HIT
 _MISS = LookupResult.MISS
 _PENDING = LookupResult.HIT_PENDING
-_MEDIA = {"cpu": Medium.CPU, "disk": Medium.DISK, "remote": Medium.REMOTE}
 _MAX_WAITS = 4  # steps a request waits for its promotions (one is enough for MemoryTier)
 
 
@@ -209,8 +207,6 @@ class _TieredReplayer:
             memory,
             sim.blocks * memory.slot_bytes,
             tier_policy,
-            medium=_MEDIA[sim.type.medium],
-            shared=sim.type.shared,
             clock=_zero_clock,
             name=sim.label,
         )

@@ -7,7 +7,6 @@ that the CPU manager may import this package without a cycle).
 from kvoffload.tiers.base import (
     BytearraySlotMemory,
     JobKind,
-    Medium,
     MemoryviewSlotMemory,
     Presence,
     ScannedBlock,
@@ -24,7 +23,6 @@ from kvoffload.tiers.memory import MemoryTier
 __all__ = [
     "BytearraySlotMemory",
     "JobKind",
-    "Medium",
     "MemoryTier",
     "MemoryviewSlotMemory",
     "Presence",

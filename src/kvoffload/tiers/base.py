@@ -37,14 +37,6 @@ def check_seconds(name: str, value: object, *, positive: bool = False) -> float:
     return check_number(name, value, 0, low_open=positive, why=" or inf")
 
 
-class Medium(str, enum.Enum):
-    """Where a tier keeps its bytes (also its label in stats and metrics)."""
-
-    CPU = "cpu"
-    DISK = "disk"
-    REMOTE = "remote"
-
-
 class Presence(enum.Enum):
     """A tier's answer for one key in :meth:`Tier.contains`."""
 
@@ -65,9 +57,6 @@ class TierCapabilities:
     """What a tier declares about itself, so a manager can plan without special cases.
 
     Args:
-        medium: where the bytes live.
-        shared: other writers (other engine instances) may add or remove records.
-        persistent: records survive a restart of this process (``scan`` rebuilds the index).
         max_batch: most keys one job may carry (0: no limit).
         max_value_bytes: largest record the tier accepts (0: no limit); a tiering manager
             refuses a tier whose host slots are larger (every put would fail).
@@ -75,9 +64,6 @@ class TierCapabilities:
             the conformance suite then leaves its delete check out).
     """
 
-    medium: Medium
-    shared: bool = False
-    persistent: bool = False
     max_batch: int = 0
     max_value_bytes: int = 0
     supports_delete: bool = True

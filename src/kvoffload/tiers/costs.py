@@ -29,6 +29,7 @@ against a brute-force search over the same model.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -345,12 +346,7 @@ def plan_load(
             best_k, best_s, best_load_s = k, total, load_s
         if k == hits:
             load_all_s = total
-    loaded: dict[int, int] = {}
-    for tier in hit_tiers[:best_k]:
-        loaded[tier] = loaded.get(tier, 0) + 1
-    skipped: dict[int, int] = {}
-    for tier in hit_tiers[best_k:]:
-        skipped[tier] = skipped.get(tier, 0) + 1
+    loaded, skipped = dict(Counter(hit_tiers[:best_k])), dict(Counter(hit_tiers[best_k:]))
     return LoadPlan(best_k, hits, best_load_s, best_s, load_all_s, recompute_s, loaded, skipped)
 
 

@@ -384,6 +384,9 @@ class TieringManager(TierPromotions, OffloadingManager):
         self.cpu.set_recorder(recorder)
 
     def prepare_load(self, keys: Iterable[OffloadKey], ctx: ReqContext) -> CPULoadStoreSpec:
+        """Pin the keys' CPU slots for a load to the device. The spec names CPU slots because
+        every load reads the CPU tier (secondaries only promote into it), as vLLM's tiering
+        manager returns its primary tier's ``CPULoadStoreSpec``."""
         keys = key_list(keys, "prepare_load")
         self._end_pass(ctx)
         spec = self.cpu.prepare_load(keys, ctx)
@@ -447,10 +450,7 @@ class TieringManager(TierPromotions, OffloadingManager):
                 self._promoting.pop(key, None)
             if queued:
                 self.cpu.complete_promotion([key for key, _, _ in queued], success=False)
-        deadline = time.monotonic() + self.drain_timeout_s
-        for st in self._tiers:
-            if st.jobs:
-                st.tier.drain(max(0.0, deadline - time.monotonic()))
+        self._drain_tiers()
         self._resetting = True
         self._reap()  # finishes the reset when nothing is left in flight
         if self._resetting:
@@ -460,6 +460,13 @@ class TieringManager(TierPromotions, OffloadingManager):
                 [st.label for st in self._tiers if st.jobs],
                 self.drain_timeout_s,
             )
+
+    def _drain_tiers(self) -> None:
+        """Wait for every tier's jobs, all tiers together within ``drain_timeout_s``."""
+        deadline = time.monotonic() + self.drain_timeout_s
+        for st in self._tiers:
+            if st.jobs:
+                st.tier.drain(max(0.0, deadline - time.monotonic()))
 
     def _finish_reset(self) -> None:
         self.cpu.reset_cache()
@@ -511,10 +518,7 @@ class TieringManager(TierPromotions, OffloadingManager):
 
     def shutdown(self) -> None:
         """Drain (with the deadline), close every tier, then the CPU tier."""
-        deadline = time.monotonic() + self.drain_timeout_s
-        for st in self._tiers:
-            if st.jobs:
-                st.tier.drain(max(0.0, deadline - time.monotonic()))
+        self._drain_tiers()
         self._reap()
         errors: list[str] = []
         for st in self._tiers:

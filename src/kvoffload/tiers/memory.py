@@ -23,7 +23,6 @@ from kvoffload.manager.ledger import BlockLedger
 from kvoffload.policies import BlockStatus, CachePolicy, create_cache_policy
 from kvoffload.tiers.base import (
     JobKind,
-    Medium,
     Presence,
     ScannedBlock,
     SlotMemory,
@@ -34,7 +33,7 @@ from kvoffload.tiers.base import (
     TierStats,
     check_seconds,
 )
-from kvoffload.tiers.runtime import CANCELLED, Job, TierRuntime
+from kvoffload.tiers.runtime import CANCELLED, Job, TierRuntime, check_batch
 
 
 @dataclass
@@ -57,7 +56,7 @@ class MemoryTier(Tier):
         capacity_bytes: byte budget; it holds ``capacity_bytes // memory.slot_bytes`` records.
         policy: eviction policy name from the registry (``"lru"``, ``"arc"``, ...) or an instance.
         policy_params: keyword parameters for the policy.
-        medium / shared / persistent / max_batch: declared capabilities.
+        max_batch: the most keys one job may carry (declared in its capabilities).
         latency_polls: a job completes on the ``latency_polls + 1``-th poll after submission.
         latency_s: ... and no sooner than ``latency_s`` seconds (on ``clock``) after it.
         clock: time source (injectable for tests).
@@ -76,9 +75,6 @@ class MemoryTier(Tier):
         policy: str | CachePolicy = "lru",
         policy_params: Mapping[str, Any] | None = None,
         *,
-        medium: Medium = Medium.DISK,
-        shared: bool = False,
-        persistent: bool = False,
         max_batch: int = 0,
         latency_polls: int = 0,
         latency_s: float = 0.0,
@@ -90,8 +86,6 @@ class MemoryTier(Tier):
         check_int("max_batch", max_batch, 0, why=" (0: no limit)")
         check_int("latency_polls", latency_polls, 0)
         check_seconds("latency_s", latency_s)
-        if not isinstance(medium, Medium):
-            raise TypeError(f"medium must be a Medium, got {type(medium).__name__}")
         self.name = name
         self.capacity_bytes = capacity_bytes
         self.capacity_blocks = capacity_bytes // memory.slot_bytes
@@ -104,9 +98,7 @@ class MemoryTier(Tier):
             )
         # The records' pins and pending writes, one slot per record of the capacity.
         self._ledger = BlockLedger(policy, self.capacity_blocks)
-        self._caps = TierCapabilities(
-            medium=medium, shared=shared, persistent=persistent, max_batch=max_batch
-        )
+        self._caps = TierCapabilities(max_batch=max_batch)
         self.latency_polls = latency_polls
         self.latency_s = float(latency_s)
         self._clock = clock
@@ -181,13 +173,7 @@ class MemoryTier(Tier):
 
     def _check_batch(self, keys: Sequence[OffloadKey], slots: Sequence[int] | None) -> None:
         if slots is not None:
-            if len(keys) != len(slots):
-                raise ValueError(
-                    f"keys and slots must have the same length ({len(keys)} != {len(slots)})"
-                )
-            for slot in slots:
-                if not 0 <= slot < self.memory.num_slots:
-                    raise ValueError(f"slot must be in [0, {self.memory.num_slots}), got {slot}")
+            check_batch(keys, slots, self.memory.num_slots)
         limit = self._caps.max_batch
         if limit and len(keys) > limit:
             raise ValueError(f"a job may carry at most max_batch={limit} keys, got {len(keys)}")
@@ -307,14 +293,9 @@ class MemoryTier(Tier):
         view = self.memory.slot_view
         nbytes = 0
         for i, key in enumerate(job.keys):
-            if (
-                cancelled
-                and i not in fail
-                and i not in pending.skip
-                and job.kind is not JobKind.DELETE
-            ):
+            cancelled_now = cancelled and i not in fail and i not in pending.skip
+            if cancelled_now and job.kind is not JobKind.DELETE:
                 fail[i] = CANCELLED
-                cancelled_now = True
             else:
                 cancelled_now = False
             if job.kind is JobKind.PUT:
@@ -380,14 +361,14 @@ class MemoryTier(Tier):
         return TierHealth(ok=True)
 
     def tier_stats(self) -> TierStats:
-        common = {k: v for k, v in self._stats.items() if k in _COMMON}
-        return TierStats(
-            **common,
-            used_bytes=float(len(self._records) * self.memory.slot_bytes),
-            capacity_bytes=float(self.capacity_bytes),
-            records=float(len(self._records)),
-            jobs_in_flight=float(len(self._jobs)),
-            extra={k: v for k, v in self._stats.items() if k not in _COMMON},
+        return TierStats.from_mapping(
+            {
+                **self._stats,
+                "used_bytes": len(self._records) * self.memory.slot_bytes,
+                "capacity_bytes": self.capacity_bytes,
+                "records": len(self._records),
+                "jobs_in_flight": len(self._jobs),
+            }
         )
 
     def scan(self) -> Iterator[ScannedBlock]:
@@ -402,7 +383,5 @@ class MemoryTier(Tier):
             self._complete(pending, cancelled=True)
         self._runtime.close(0)
 
-
-_COMMON = frozenset(TierStats.names())
 
 __all__ = ["MemoryTier"]

@@ -141,10 +141,6 @@ class TierRuntime:
     def jobs_in_flight(self) -> int:
         return len(self._jobs)
 
-    def jobs(self) -> list[Job]:
-        """The jobs not yet reported, oldest first."""
-        return list(self._jobs.values())
-
     # ----------------------------------------------------------------- threads
 
     def spawn(self, job: Job, task: Callable[..., None], *args: Any) -> None:
@@ -207,6 +203,8 @@ def check_batch(
     keys: Sequence[OffloadKey], slots: Sequence[int], num_slots: int
 ) -> tuple[tuple[OffloadKey, ...], tuple[int, ...]]:
     """``keys`` and ``slots`` as tuples, paired one to one, every slot an int in range."""
+    if isinstance(keys, (bytes, str)) or isinstance(slots, (bytes, str)):
+        raise TypeError("keys and slots must be sequences (a single key is [key])")
     keys_t, slots_t = tuple(keys), tuple(slots)
     if len(keys_t) != len(slots_t):
         raise ValueError(f"keys and slots must pair up, got {len(keys_t)} and {len(slots_t)}")

@@ -87,19 +87,7 @@ class DiskIndex:
         """A slot whose record is gone (and, for deletes, whose header is zeroed) is free."""
         heapq.heappush(self._free, slot)
 
-    def set_high_water(self, slots: int, free: Collection[int]) -> None:
-        """After a scan: ``slots`` exist in the file, ``free`` of them hold no record."""
-        self.high_water = slots
-        self._free = sorted(free)
-        self._free_unbacked = []
-        self.unbacked = 0
-
     # -------------------------------------------------------------- records
-
-    def add_ready(self, key: OffloadKey, slot: int, nbytes: int, written_ns: int) -> None:
-        """A record found in the arena (restart scan), evictable at once."""
-        self._entries[key] = IndexEntry(slot, nbytes, self._ledger.insert_ready(key), written_ns)
-        self.used_bytes += nbytes
 
     def rebuild(
         self,
@@ -121,10 +109,12 @@ class DiskIndex:
                 if old is not None:
                     stale.append(old.slot)
                     free.append(old.slot)
-            self.add_ready(key, slot, nbytes, written_ns)
-        self.set_high_water(slots, free)
-        for _ in skipped:
-            self.retire_slot(nbytes)
+            status = self._ledger.insert_ready(key)  # found ready: evictable at once
+            self._entries[key] = IndexEntry(slot, nbytes, status, written_ns)
+            self.used_bytes += nbytes
+        self.high_water = slots  # every slot the file holds is on disk
+        self._free = sorted(free)
+        self.retired_bytes += len(skipped) * nbytes
         return stale
 
     def adopt_policy(self, restored: CachePolicy) -> None:
@@ -242,6 +232,11 @@ class DiskIndex:
             return None
         self._ledger.pin((key,), (entry.status,))
         return entry
+
+    def access(self, keys: list[OffloadKey]) -> None:
+        """One access to each of ``keys`` (records a get job pinned), through the ledger: the
+        policy learns of reads the same way the CPU tier's does."""
+        self._ledger.access(None, keys, None)
 
     def end_read(self, key: OffloadKey, corrupt: bool) -> IndexEntry | None:
         """Unpin; returns the entry when it must now be erased (found corrupt, last reader).

@@ -40,7 +40,6 @@ from kvoffload.keys import OffloadKey
 from kvoffload.policies import create_cache_policy
 from kvoffload.tiers.base import (
     JobKind,
-    Medium,
     Presence,
     ScannedBlock,
     SlotMemory,
@@ -237,14 +236,7 @@ class DiskTier(Tier):
 
     @property
     def capabilities(self) -> TierCapabilities:
-        return TierCapabilities(
-            medium=Medium.DISK,
-            shared=False,
-            persistent=True,
-            max_batch=0,
-            max_value_bytes=self.memory.slot_bytes,
-            supports_delete=True,
-        )
+        return TierCapabilities(max_value_bytes=self.memory.slot_bytes)
 
     def contains(self, keys: Sequence[OffloadKey]) -> list[Presence]:
         if self._runtime.closed:  # nothing is served after close
@@ -336,7 +328,8 @@ class DiskTier(Tier):
                 hit_keys.append(key)
                 tasks.append(RunItem(i, key, slot, entry))
             if hit_keys:
-                self._index.policy.touch(reversed(hit_keys))
+                hit_keys.reverse()  # tail first, as puts publish: a prefix head ends newest
+                self._index.access(hit_keys)
             for chunk in chunk_runs(tasks, self._threads, _MIN_GET_TASK_BYTES, self.record_bytes):
                 runtime.spawn(job, self._run_get, job, chunk)
             return runtime.finish(job)
@@ -382,22 +375,21 @@ class DiskTier(Tier):
         (``corrupt_records``, ``torn_records``), the restart scan, the free-space limit, and
         failed keys by reason (``dropped_<reason>`` for puts, ``get_failed_<reason>``)."""
         with self._lock:
-            common = {k: v for k, v in self._stats.items() if k in _COMMON}
-            extra = {k: v for k, v in self._stats.items() if k not in _COMMON}
-            extra["reserved_bytes"] = float(self._index.reserved_bytes)
-            extra["effective_capacity_bytes"] = float(self._limit)
-            extra["arena_slots"] = float(self._index.high_water)
-            extra.update(self._drops.by_reason("dropped_"))
-            extra.update(self._get_failures.by_reason("get_failed_"))
-            return TierStats(
-                **common,
-                failed_keys=float(self._drops.total + self._get_failures.total),
-                bad_records=self._stats["corrupt_records"] + self._stats["torn_records"],
-                used_bytes=float(self._index.used_bytes),
-                capacity_bytes=float(self.capacity_bytes),
-                records=float(len(self._index)),
-                jobs_in_flight=float(self._runtime.jobs_in_flight),
-                extra=extra,
+            return TierStats.from_mapping(
+                {
+                    **self._stats,
+                    "reserved_bytes": self._index.reserved_bytes,
+                    "effective_capacity_bytes": self._limit,
+                    "arena_slots": self._index.high_water,
+                    **self._drops.by_reason("dropped_"),
+                    **self._get_failures.by_reason("get_failed_"),
+                    "failed_keys": self._drops.total + self._get_failures.total,
+                    "bad_records": self._stats["corrupt_records"] + self._stats["torn_records"],
+                    "used_bytes": self._index.used_bytes,
+                    "capacity_bytes": self.capacity_bytes,
+                    "records": len(self._index),
+                    "jobs_in_flight": self._runtime.jobs_in_flight,
+                }
             )
 
     def scan(self) -> Iterator[ScannedBlock]:
@@ -593,7 +585,5 @@ class DiskTier(Tier):
                 sorted(skipped)[:8],
             )
 
-
-_COMMON = frozenset(TierStats.names())
 
 __all__ = ["DURABILITIES", "DiskTier", "DiskTierInUseError", "namespace_digest"]

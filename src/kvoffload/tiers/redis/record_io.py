@@ -13,7 +13,7 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from kvoffload.keys import OffloadKey
@@ -71,7 +71,7 @@ class RedisRecordIO(RedisTransport):
             yield range(start, min(count, start + step))
 
     def _run_put(
-        self, job_id: int, keys: list[OffloadKey], slots: list[int], generation: int
+        self, job_id: int, keys: Sequence[OffloadKey], slots: Sequence[int], generation: int
     ) -> TierResult:
         started = time.perf_counter()
         ok = [False] * len(keys)
@@ -295,7 +295,7 @@ class RedisRecordIO(RedisTransport):
         return buffers[:count]
 
     def _run_get(
-        self, job_id: int, keys: list[OffloadKey], slots: list[int], generation: int
+        self, job_id: int, keys: Sequence[OffloadKey], slots: Sequence[int], generation: int
     ) -> TierResult:
         started = time.perf_counter()
         ok = [False] * len(keys)
@@ -363,7 +363,7 @@ class RedisRecordIO(RedisTransport):
                 self._stats["records_deleted_bad"] += sum(a == 1 for a in answers)
         return self._result(job_id, JobKind.GET, keys, ok, generation, read, started, reasons)
 
-    def _run_delete(self, job_id: int, keys: list[OffloadKey], generation: int) -> TierResult:
+    def _run_delete(self, job_id: int, keys: Sequence[OffloadKey], generation: int) -> TierResult:
         started = time.perf_counter()
         ok = [False] * len(keys)
         reasons: dict[int, str] = {}
@@ -386,7 +386,7 @@ class RedisRecordIO(RedisTransport):
         self,
         job_id: int,
         kind: JobKind,
-        keys: list[OffloadKey],
+        keys: Sequence[OffloadKey],
         ok: list[bool],
         generation: int,
         nbytes: int,

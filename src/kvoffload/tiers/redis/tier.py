@@ -55,7 +55,6 @@ from kvoffload._checks import check_int
 from kvoffload.keys import OffloadKey
 from kvoffload.tiers.base import (
     JobKind,
-    Medium,
     Presence,
     ScannedBlock,
     SlotMemory,
@@ -70,7 +69,7 @@ from kvoffload.tiers.redis.connect import glob_escape, namespace_text, redis_ava
 from kvoffload.tiers.redis.record_io import RedisRecordIO
 from kvoffload.tiers.redis.records import RecordCodec
 from kvoffload.tiers.redis.transport import RedisError
-from kvoffload.tiers.runtime import CANCELLED, CLOSED, Job, TierRuntime
+from kvoffload.tiers.runtime import CANCELLED, CLOSED, Job, TierRuntime, check_batch
 
 logger = logging.getLogger(__name__)
 
@@ -204,14 +203,7 @@ class RedisTier(RedisRecordIO, Tier):
                 f"a record of one {memory.slot_bytes}-byte slot needs {record_bytes} bytes, over "
                 f"max_value_bytes={max_value_bytes} (raise the server's proto-max-bulk-len)"
             )
-        self._caps = TierCapabilities(
-            medium=Medium.REMOTE,
-            shared=True,
-            persistent=True,
-            max_batch=0,
-            max_value_bytes=max_value_bytes,
-            supports_delete=True,
-        )
+        self._caps = TierCapabilities(max_value_bytes=max_value_bytes)
         self._client = (
             client
             if client is not None
@@ -311,14 +303,7 @@ class RedisTier(RedisRecordIO, Tier):
                     continue  # no verdict: the key reads MISS until asked again
                 self._remember(key, Presence.HIT if answer else Presence.MISS, now)
 
-    @staticmethod
-    def _check_batch(keys: Sequence[OffloadKey], slots: Sequence[int]) -> None:
-        if isinstance(keys, (bytes, str)) or isinstance(slots, (bytes, str)):
-            raise TypeError("keys and slots must be sequences (a single key is [key])")
-        if len(keys) != len(slots):
-            raise ValueError(f"{len(keys)} keys but {len(slots)} slots")
-
-    def _open(self, kind: JobKind, keys: list[OffloadKey], generation: int) -> tuple[Job, bool]:
+    def _open(self, kind: JobKind, keys: Sequence[OffloadKey], generation: int) -> tuple[Job, bool]:
         """A new job and whether it may run: on a closed tier it is already reported, each
         key ``"closed"`` (the one closed-tier rule of ``runtime``)."""
         with self._lock:
@@ -374,8 +359,7 @@ class RedisTier(RedisRecordIO, Tier):
     def submit_put(
         self, keys: Sequence[OffloadKey], slots: Sequence[int], generation: int = 0
     ) -> int:
-        self._check_batch(keys, slots)
-        keys, slots = list(keys), list(slots)
+        keys, slots = check_batch(keys, slots, self.memory.num_slots)
         job, runs = self._open(JobKind.PUT, keys, generation)
         if not runs:
             return job.job_id
@@ -394,11 +378,7 @@ class RedisTier(RedisRecordIO, Tier):
     def submit_get(
         self, keys: Sequence[OffloadKey], slots: Sequence[int], generation: int = 0
     ) -> int:
-        self._check_batch(keys, slots)
-        for slot in slots:
-            if not 0 <= slot < self.memory.num_slots:
-                raise ValueError(f"slot {slot} out of range [0, {self.memory.num_slots})")
-        keys, slots = list(keys), list(slots)
+        keys, slots = check_batch(keys, slots, self.memory.num_slots)
         job, runs = self._open(JobKind.GET, keys, generation)
         if not runs:
             return job.job_id
@@ -409,7 +389,7 @@ class RedisTier(RedisRecordIO, Tier):
     def submit_delete(self, keys: Sequence[OffloadKey], generation: int = 0) -> int:
         if isinstance(keys, (bytes, str)):
             raise TypeError("keys must be a sequence (a single key is [key])")
-        keys = list(keys)
+        keys = tuple(keys)
         job, runs = self._open(JobKind.DELETE, keys, generation)
         if not runs:
             return job.job_id
@@ -438,21 +418,19 @@ class RedisTier(RedisRecordIO, Tier):
         those); in ``extra`` the server's side: back-off, verdict cache, records found
         existing, rejected by reason (``rejected_<reason>``) and failed keys by reason."""
         with self._lock:
-            counts = {k: float(v) for k, v in self._stats.items()}
-            extra = {k: v for k, v in counts.items() if k not in _COMMON}
-            extra["inflight_bytes"] = float(self._inflight_bytes)
-            extra["verdict_cache_entries"] = float(len(self._verdicts))
-            extra["available"] = 1.0 if self._available() else 0.0
+            counts = self._stats
             now = time.monotonic()
-            extra["nodes_backing_off"] = float(sum(u > now for u in self._down_until.values()))
-            failed = sum(v for k, v in counts.items() if "failed_" in k)
-            bad = sum(v for k, v in counts.items() if k.startswith("rejected_"))
-            return TierStats(
-                **{k: v for k, v in counts.items() if k in _COMMON},
-                failed_keys=failed,
-                bad_records=bad,
-                jobs_in_flight=float(self._runtime.jobs_in_flight),
-                extra=extra,
+            return TierStats.from_mapping(
+                {
+                    **counts,
+                    "inflight_bytes": self._inflight_bytes,
+                    "verdict_cache_entries": len(self._verdicts),
+                    "available": 1.0 if self._available() else 0.0,
+                    "nodes_backing_off": sum(u > now for u in self._down_until.values()),
+                    "failed_keys": sum(v for k, v in counts.items() if "failed_" in k),
+                    "bad_records": sum(v for k, v in counts.items() if k.startswith("rejected_")),
+                    "jobs_in_flight": self._runtime.jobs_in_flight,
+                }
             )
 
     def scan(self) -> Iterator[ScannedBlock]:
@@ -479,6 +457,3 @@ class RedisTier(RedisRecordIO, Tier):
         self._lookup_pool.shutdown(wait=True, cancel_futures=True)
         with contextlib.suppress(RedisError):  # closing a dead connection
             self._client.close()
-
-
-_COMMON = frozenset(TierStats.names())
