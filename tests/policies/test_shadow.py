@@ -6,7 +6,7 @@ import pytest
 
 from kvoffload.context import ReqContext
 from kvoffload.policies import create_cache_policy
-from kvoffload.policies.shadow import ShadowEvaluator, sample_hash, sampling_rate
+from kvoffload.selection.shadow import ShadowEvaluator, sample_hash, sampling_rate
 from kvoffload.testing.drive import drive_single_blocks, int_key
 
 

@@ -37,7 +37,7 @@ from kvoffload.policies import (
     create_cache_policy,
     switch_resident_set,
 )
-from kvoffload.policies.shadow import CandidateSpec, ShadowEvaluator
+from kvoffload.selection.shadow import CandidateSpec, ShadowEvaluator
 
 logger = logging.getLogger(__name__)
 
@@ -68,7 +68,7 @@ class CPUOffloadingManager(OffloadingManager):
         shadow_policies: candidate policies (names, ``(name, params)`` pairs, or one
             comma-separated string) to evaluate on the live key stream: each request's keys
             (once each, where the policy is touched) feed a
-            :class:`~kvoffload.policies.shadow.ShadowEvaluator`, and ``get_stats().policy``
+            :class:`~kvoffload.selection.shadow.ShadowEvaluator`, and ``get_stats().policy``
             carries each candidate's estimate as ``shadow_<name>_hit_ratio``.
         shadow_sample_rate: share of the key space the shadows sample (SHARDS rate).
         shadow_min_blocks: raise the rate so each miniature holds at least this many blocks.

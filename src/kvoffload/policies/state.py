@@ -11,8 +11,8 @@ bytes cannot run code:
   lists, dicts, ``OrderedDict``\\ s, sets, deques, bytearrays, ``random.Random`` states and
   objects go in a flat ``objects`` table and are referenced by index, so shared objects stay
   shared and cycles and long linked chains (SIEVE's nodes) need no recursion;
-* an object is restored only when its class is defined in a ``kvoffload.policies`` module
-  (or one of ``allowed_modules``): the module is imported by name, the class looked up by
+* an object is restored only when its class is defined in a ``kvoffload.policies`` or
+  ``kvoffload.selection`` module (``auto`` and its shadows; or one of ``allowed_modules``): the module is imported by name, the class looked up by
   its qualified name, created with ``__new__`` and its attributes set directly; no
   constructor, ``__setstate__`` or any other code of the data's choosing runs.
 
@@ -37,7 +37,12 @@ from kvoffload.policies.base import CachePolicy
 
 FORMAT = "kvoffload.policy-state"
 VERSION = 1
-_TRUSTED_PREFIX = "kvoffload.policies"
+_TRUSTED = ("kvoffload.policies", "kvoffload.selection")
+#: Modules that moved, so states saved before the move restore: old name -> new name.
+_MOVED = {
+    "kvoffload.policies.auto": "kvoffload.selection.auto",
+    "kvoffload.policies.shadow": "kvoffload.selection.shadow",
+}
 _MODULE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 _QUALNAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 _MISSING = object()
@@ -146,7 +151,7 @@ class _Encoder:
 
 
 def export_policy_state(
-    policy: CachePolicy, allowed_modules: Collection[str] = (_TRUSTED_PREFIX,)
+    policy: CachePolicy, allowed_modules: Collection[str] = _TRUSTED
 ) -> bytes:
     """The policy's whole state as versioned JSON bytes (see the module docstring)."""
     if not isinstance(policy, CachePolicy):
@@ -169,6 +174,7 @@ class _Decoder:
         if target == _CONTEXT_CLASS:
             return ReqContext
         module, qualname = target.split(":")
+        module = _MOVED.get(module, module)
         if not _MODULE_NAME.match(module) or not _QUALNAME.match(qualname):
             raise ValueError(f"policy state: bad class name {target!r}")
         if not _trusted(module, self.allowed):
@@ -264,7 +270,7 @@ class _Decoder:
 
 
 def restore_policy_state(
-    data: bytes | str, allowed_modules: Collection[str] = (_TRUSTED_PREFIX,)
+    data: bytes | str, allowed_modules: Collection[str] = _TRUSTED
 ) -> CachePolicy:
     """A new policy object with the state :func:`export_policy_state` wrote.
 

@@ -44,7 +44,7 @@ from typing import Any
 
 from kvoffload.context import ReqContext
 from kvoffload.keys import OffloadKey, int_key
-from kvoffload.policies.shadow import ShadowEvaluator, sampling_rate
+from kvoffload.selection.shadow import ShadowEvaluator, sampling_rate
 from kvoffload.sim.capacity import Capacity
 from kvoffload.sim.records import Trace, TraceRequest
 from kvoffload.sim.replay import PolicySpec, ReplayOptions, _repeat_free_segments, replay
@@ -683,7 +683,7 @@ def sampled_curve(
 
 
 def _label(spec: PolicySpec) -> str:
-    from kvoffload.policies.shadow import candidate_name
+    from kvoffload.selection.shadow import candidate_name
 
     return candidate_name((spec.name, dict(spec.params)))
 
