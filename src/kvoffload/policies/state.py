@@ -12,8 +12,9 @@ bytes cannot run code:
   objects go in a flat ``objects`` table and are referenced by index, so shared objects stay
   shared and cycles and long linked chains (SIEVE's nodes) need no recursion;
 * an object is restored only when its class is defined in a ``kvoffload.policies`` or
-  ``kvoffload.selection`` module (``auto`` and its shadows; or one of ``allowed_modules``): the module is imported by name, the class looked up by
-  its qualified name, created with ``__new__`` and its attributes set directly; no
+  ``kvoffload.selection`` module (``auto`` and its shadows), or one of ``allowed_modules``:
+  the module is imported by name, the class looked up by its qualified name, created with
+  ``__new__`` and its attributes set directly; no
   constructor, ``__setstate__`` or any other code of the data's choosing runs.
 
 What the state holds is the policy's only: the manager's slot bookkeeping and in-flight jobs
@@ -150,9 +151,7 @@ class _Encoder:
         return {"format": FORMAT, "version": VERSION, "root": top, "objects": self.objects}
 
 
-def export_policy_state(
-    policy: CachePolicy, allowed_modules: Collection[str] = _TRUSTED
-) -> bytes:
+def export_policy_state(policy: CachePolicy, allowed_modules: Collection[str] = _TRUSTED) -> bytes:
     """The policy's whole state as versioned JSON bytes (see the module docstring)."""
     if not isinstance(policy, CachePolicy):
         raise TypeError(f"policy must be a CachePolicy, got {type(policy).__name__}")
