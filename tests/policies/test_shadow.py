@@ -127,3 +127,25 @@ def test_the_estimate_corrects_for_a_hot_key_the_sample_happened_to_draw() -> No
     assert shadow.hit_ratios()["lru"] == 0.0
     feed(shadow)
     assert shadow.estimates()["lru"] == estimate
+
+
+@pytest.mark.parametrize("name", ["lru", "arc"])
+def test_a_request_open_across_clear_releases_nothing_into_the_new_miniatures(name: str) -> None:
+    """Blocks a request held (loads pinned, stores pending) before ``clear`` went with it:
+    the request's end releases nothing, and the miniatures start again as fresh ones."""
+    shadow = ShadowEvaluator(8, [name], sample_rate=1.0)
+    warm = ReqContext(req_id="warm")
+    shadow.record([int_key(i) for i in range(4)], warm)
+    shadow.request_finished(warm)
+    ctx = ReqContext(req_id="open")
+    shadow.record([int_key(i) for i in range(6)], ctx)  # 4 loads pinned, 2 stores pending
+    shadow.clear()
+    shadow.request_finished(ctx)
+    fresh = ShadowEvaluator(8, [name], sample_rate=1.0)
+    for evaluator in (shadow, fresh):
+        for start in range(0, 40, 5):
+            later = ReqContext(req_id=f"r{start}")
+            evaluator.record([int_key(i % 13) for i in range(start, start + 5)], later)
+            evaluator.request_finished(later)
+    assert shadow.estimates()[name].hits == fresh.estimates()[name].hits
+    assert shadow.estimates()[name].accesses == fresh.estimates()[name].accesses == 40

@@ -13,7 +13,11 @@ protected from eviction, and the stores, then the loads (tail first), complete w
 finishes. Driven one block at a time without pins instead (``protocol="blocks"``, the protocol
 of ``kvoffload.testing.drive``), a request's blocks push each other out and its prefix ends
 least recent: even at full rate on the shared trace that ranked the candidates wrongly, where
-the requests protocol matches the prefix replay. They estimate block hit ratios; a
+the requests protocol matches the prefix replay. Each miniature keeps its blocks in a
+:class:`~kvoffload.manager.ledger.BlockLedger`, as the manager does, so neither protocol
+writes the status edges again: ``blocks`` is the ledger's ``access_each`` (``pin_hits=False,
+touch_misses=True``), ``requests`` its ``access``, ``pin``, ``make_room`` and ``reserve``, then
+``complete`` and ``unpin`` at the request's end. They estimate block hit ratios; a
 prefix cache's usable hit ratio is within a few thousandths of it (``benchmarks/shadow_error.py``
 measures both).
 
@@ -55,6 +59,8 @@ from operator import itemgetter, not_
 from kvoffload._checks import check_int, check_number
 from kvoffload.context import HINT_FIELDS, ReqContext
 from kvoffload.keys import OffloadKey
+from kvoffload.manager.api import LookupResult
+from kvoffload.manager.ledger import BlockLedger
 from kvoffload.policies.base import BlockStatus, CachePolicy
 from kvoffload.policies.factory import create_cache_policy
 
@@ -62,6 +68,7 @@ _HASH_SPACE = 1 << 32
 _MIX = 0x9E3779B1  # odd multiplier: breaks CRC32's linearity over consecutive ids
 _MASK = 0xFFFFFFFF
 _PLUS_ONE = (1).__add__
+_HIT = LookupResult.HIT
 
 
 def sample_hash(key: bytes) -> int:
@@ -135,47 +142,35 @@ def split_candidate(spec: object) -> tuple[str, dict[str, object]]:
 
 
 class _Miniature:
-    """One candidate replayed on the sampled accesses at the scaled capacity."""
+    """One candidate replayed on the sampled accesses at the scaled capacity.
 
-    __slots__ = ("free", "hits", "label", "next_slot", "policy", "window_hits")
+    Its blocks live in a :class:`~kvoffload.manager.ledger.BlockLedger`, as the manager's
+    do, so the miniature makes the manager's status edges and mark hooks without writing
+    them again; ``epoch`` counts :meth:`clear` calls, so a request's held blocks from before
+    one are dropped, not released into the new ledger.
+    """
+
+    __slots__ = ("epoch", "hits", "label", "ledger", "policy", "window_hits")
 
     def __init__(self, label: str, policy: CachePolicy) -> None:
         self.label = label
         self.policy = policy
-        self.next_slot = 0
-        self.free: list[BlockStatus] = []
+        self.ledger = BlockLedger(policy, policy.cache_capacity)
+        self.epoch = 0
         self.hits = 0
         self.window_hits = 0
 
-    def access(self, key: OffloadKey, ctx: ReqContext | None) -> bool:
-        """One access; True on a hit."""
-        policy = self.policy
-        one = [key]
-        if policy.get(key) is not None:
-            self.hits += 1
-            self.window_hits += 1
-            policy.touch(one, ctx)
-            return True
-        policy.touch(one, ctx)
-        capacity = policy.cache_capacity
-        if capacity <= 0:
-            return False
-        if self.next_slot < capacity:
-            status = BlockStatus(self.next_slot, -1)
-            self.next_slot += 1
-        elif self.free:
-            status = self.free.pop()
-            status.ref_cnt = -1
-        else:
-            victims = policy.evict(1, one)
-            if not victims:  # cannot happen without pins; count the access as a miss
-                return False
-            status = victims[0][1]
-            status.ref_cnt = -1
-        policy.insert(key, status, ctx)
-        status.ref_cnt = 0
-        policy.mark_evictable(key)
-        return False
+    def access_blocks(
+        self, keys: list[OffloadKey], ctx: ReqContext | None, held: _Held | None
+    ) -> list[bool]:
+        """The ``blocks`` protocol: each key one independent access, no pins (the call
+        :mod:`kvoffload.testing.drive` makes); each key's hit, in order."""
+        results = self.ledger.access_each(keys, ctx, pin_hits=False, touch_misses=True).results
+        hits = [result is _HIT for result in results]
+        count = hits.count(True)
+        self.hits += count
+        self.window_hits += count
+        return hits
 
     def access_request(
         self, keys: list[OffloadKey], ctx: ReqContext | None, held: _Held | None
@@ -187,110 +182,77 @@ class _Miniature:
         protected, and stored (pending) as one batch. The stores complete, then the loads,
         tail first, when the request finishes (:meth:`release`; at once without a request).
         """
-        policy = self.policy
-        table = policy.block_table  # its C-level get, not a policy.get frame per key
-        get = table.get if table is not None else policy.get
+        ledger = self.ledger
+        get = ledger.get
         hits = [get(key) is not None for key in keys]
-        policy.touch(keys, ctx)
+        ledger.access(None, keys, ctx)
         count = hits.count(True)
         self.hits += count
         self.window_hits += count
         now = held is None
-        if held is None:
-            held = _Held()
+        if held is None or held.epoch != self.epoch:
+            held = _Held(self.epoch) if held is None else held.restart(self.epoch)
         if held.intact:
-            loaded = held.loaded
+            prefix: list[OffloadKey] = []
+            statuses: list[BlockStatus] = []
             for key, hit in zip(keys, hits, strict=True):
                 if not hit:
                     held.intact = False
                     break
                 status = get(key)
                 if status is not None and status.ref_cnt >= 0:
-                    if status.ref_cnt == 0:
-                        policy.mark_non_evictable(key)
-                    status.ref_cnt += 1
-                    loaded.append(key)
+                    prefix.append(key)
+                    statuses.append(status)
+            if prefix:
+                ledger.pin(prefix, statuses)
+                held.loaded += prefix
         if count < len(keys):
-            self._store(list(compress(keys, map(not_, hits))), keys, ctx, held)
+            misses = list(compress(keys, map(not_, hits)))
+            if ledger.make_room(len(misses), set(keys)) is None:
+                misses = misses[: ledger.num_free]  # not enough unpinned blocks: what fits
+            if misses:
+                ledger.reserve(misses, ctx)
+                held.stored += misses
         if now:
             self.release(held)
         return hits
 
-    def _store(
-        self,
-        misses: list[OffloadKey],
-        offered: list[OffloadKey],
-        ctx: ReqContext | None,
-        held: _Held,
-    ) -> None:
-        policy = self.policy
-        capacity = policy.cache_capacity
-        free = capacity - self.next_slot + len(self.free)
-        need = len(misses) - free
-        if need > 0:
-            victims = policy.evict(need, set(offered))
-            if victims is None:  # not enough unpinned blocks: store what fits
-                misses = misses[:free]
-            else:
-                self.free.extend(status for _, status in victims)
-        if not misses:
-            return
-        statuses = []
-        for _ in misses:
-            if self.next_slot < capacity:
-                status = BlockStatus(self.next_slot, -1)
-                self.next_slot += 1
-            else:
-                status = self.free.pop()
-                status.ref_cnt = -1
-            statuses.append(status)
-        policy.insert_many(misses, statuses, ctx)
-        held.stored += misses
-        held.statuses += statuses
-
     def release(self, held: _Held) -> None:
-        """The request's completions: its stores, then its loads, each tail first.
-
-        One ``mark_evictable_many`` for both (the contract makes it the same single calls
-        in that order): one policy call per request, not two.
-        """
-        ready = held.stored
-        held.stored = []
-        if ready:
-            for status in held.statuses:
-                status.ref_cnt = 0
-            held.statuses = []
+        """The request's completions: its stores, then its loads, each tail first."""
+        if held.epoch != self.epoch:  # held before a clear: those blocks are gone
+            held.restart(self.epoch)
+            return
+        if held.stored:
+            self.ledger.complete(held.stored)
+            held.stored = []
         if held.loaded:
-            table = self.policy.block_table
-            get = table.get if table is not None else self.policy.get
-            for key in reversed(held.loaded):
-                loaded = get(key)
-                if loaded is not None and loaded.ref_cnt > 0:
-                    loaded.ref_cnt -= 1
-                    if loaded.ref_cnt == 0:
-                        ready.append(key)
+            held.loaded.reverse()
+            self.ledger.unpin(held.loaded)
             held.loaded = []
-        if ready:
-            self.policy.mark_evictable_many(ready)
         held.intact = True
 
     def clear(self) -> None:
         self.policy.clear()
-        self.next_slot = 0
-        self.free.clear()
+        self.ledger = BlockLedger(self.policy, self.policy.cache_capacity)
+        self.epoch += 1
         self.hits = self.window_hits = 0
 
 
 class _Held:
     """One miniature's blocks held by one request: its loads (pinned) and pending stores."""
 
-    __slots__ = ("intact", "loaded", "statuses", "stored")
+    __slots__ = ("epoch", "intact", "loaded", "stored")
 
-    def __init__(self) -> None:
+    def __init__(self, epoch: int = 0) -> None:
+        self.restart(epoch)
+
+    def restart(self, epoch: int) -> _Held:
+        """Hold nothing, for the miniature's ``epoch``; itself."""
+        self.epoch = epoch
         self.intact = True  # no miss yet: hits are still the prefix (loads)
         self.loaded: list[OffloadKey] = []
-        self.stored: list[OffloadKey] = []  # pending stores, and their statuses below
-        self.statuses: list[BlockStatus] = []
+        self.stored: list[OffloadKey] = []  # pending stores
+        return self
 
 
 class _ShadowContexts:
@@ -455,16 +417,11 @@ class ShadowEvaluator:
         else:
             state = self._state(ctx)
             contexts, helds = state.contexts, state.held
-        if self.protocol == "blocks":
-            rows = [
-                [mini.access(key, mctx) for key in picked]
-                for mini, mctx in zip(minis, contexts, strict=True)
-            ]
-        else:
-            rows = [
-                mini.access_request(picked, mctx, held)
-                for mini, mctx, held in zip(minis, contexts, helds, strict=True)
-            ]
+        blocks = self.protocol == "blocks"
+        rows = [
+            (mini.access_blocks if blocks else mini.access_request)(picked, mctx, held)
+            for mini, mctx, held in zip(minis, contexts, helds, strict=True)
+        ]
         if rows.count(rows[0]) < len(rows):  # usually they all agree: nothing to pair
             self._pair(rows)
         if self.threshold < _HASH_SPACE:  # every key sampled: nothing to correct
