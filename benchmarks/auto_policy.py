@@ -26,7 +26,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from kvaware_generated import SETTINGS
-from kvoffload.policies.auto import DEFAULT_CANDIDATES
+from kvoffload.selection.auto import DEFAULT_CANDIDATES
 from kvoffload.sim.records import Trace
 from kvoffload.sim.replay import replay
 from kvoffload.sim.traces import load_trace

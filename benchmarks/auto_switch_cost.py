@@ -22,9 +22,9 @@ from typing import Any
 
 from kvoffload.keys import make_offload_key
 from kvoffload.policies import CachePolicy, CachePolicyFactory, create_cache_policy
-from kvoffload.policies.auto import AutoCachePolicy
 from kvoffload.policies.base import BlockStatus
-from kvoffload.policies.switching import switch_resident_set, warm_switch
+from kvoffload.selection.auto import AutoCachePolicy
+from kvoffload.selection.switching import switch_resident_set, warm_switch
 from kvoffload.sim.replay import PolicySpec, replay
 from kvoffload.sim.workloads import WorkloadConfig, generate_workload
 

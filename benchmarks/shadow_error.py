@@ -16,7 +16,7 @@ instead. ``--salts N`` shows how much of the error is the luck of the draw: each
 shadow is run ``N`` times, on the keys with a salt byte appended (salt 0: the keys as they
 are), so each run samples a different 1% of the keys, and the signed errors are printed.
 Both estimators are shown: the corrected one the evaluator reports (``hit_ratios``; see
-``kvoffload.policies.shadow``) and the uncorrected hits over sampled accesses.
+``kvoffload.selection.shadow``) and the uncorrected hits over sampled accesses.
 
     python benchmarks/shadow_error.py --generated 30000 --capacities 1,5,25 \
         --policies lru,mq,kvaware --salts 6
@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from kvoffload.policies import BUILTIN_POLICIES
-from kvoffload.policies.shadow import ShadowEvaluator
+from kvoffload.selection.shadow import ShadowEvaluator
 from kvoffload.sim.records import Trace
 from kvoffload.sim.replay import make_context, replay
 from kvoffload.sim.traces import load_trace

@@ -8,6 +8,8 @@ import pytest
 
 from kvoffload import CPUOffloadingManager, LookupResult, ReqContext
 from kvoffload.keys import OffloadKey, make_offload_key
+from kvoffload.manager.observers import AccessObserver
+from kvoffload.selection import CandidateSpec, ShadowEvaluator
 from kvoffload.sim.drive import access_blocks
 
 
@@ -27,6 +29,10 @@ def _stream(n: int, seed: int = 7) -> list[int]:
     return out
 
 
+def _shadows(capacity: int, candidates: list[CandidateSpec], rate: float) -> list[AccessObserver]:
+    return [ShadowEvaluator(capacity, candidates, sample_rate=rate, min_shadow_blocks=0)]
+
+
 def _replay(m: CPUOffloadingManager, ids: list[int]) -> int:
     """One request per access (the miniatures' protocol); the number of hits."""
     hits = 0
@@ -44,9 +50,7 @@ def test_full_rate_shadows_reproduce_each_candidate_exactly(live: str) -> None:
     m = CPUOffloadingManager(
         64,
         cache_policy=live,
-        shadow_policies="lru,arc,s3fifo",
-        shadow_sample_rate=1.0,
-        shadow_min_blocks=0,
+        observers=_shadows(64, ["lru", "arc", "s3fifo"], 1.0),
     )
     _replay(m, ids)
     gauges = m.get_stats().policy
@@ -62,9 +66,7 @@ def test_sampled_shadows_see_a_share_of_the_keys_and_survive_a_switch() -> None:
     ids = _stream(6000)
     m = CPUOffloadingManager(
         400,
-        shadow_policies=["lru", ("mq", {"lifetime": 5000})],
-        shadow_sample_rate=0.25,
-        shadow_min_blocks=0,
+        observers=_shadows(400, ["lru", ("mq", {"lifetime": 5000})], 0.25),
     )
     _replay(m, ids[:3000])
     first = m.get_stats().policy["shadow_accesses"]
@@ -74,17 +76,56 @@ def test_sampled_shadows_see_a_share_of_the_keys_and_survive_a_switch() -> None:
     gauges = m.get_stats().policy
     assert gauges["shadow_accesses"] > first
     assert "shadow_mq(lifetime=5000)_hit_ratio" in gauges
-    assert m.shadows is not None and m.shadows.rate == 0.25
+    [shadows] = m.observers
+    assert isinstance(shadows, ShadowEvaluator) and shadows.rate == 0.25
 
 
-def test_without_shadows_no_shadow_gauges_and_bad_options_fail() -> None:
+def test_without_shadows_no_shadow_gauges_and_bad_observers_fail() -> None:
     m = CPUOffloadingManager(8)
-    assert m.shadows is None
+    assert m.observers == ()
     assert not any(name.startswith("shadow_") for name in m.get_stats().policy)
-    with pytest.raises(ValueError, match="sample_rate"):
-        CPUOffloadingManager(8, shadow_policies="lru", shadow_sample_rate=0.0)
-    with pytest.raises(ValueError, match="known"):
-        CPUOffloadingManager(8, shadow_policies="lru,nope")
+    with pytest.raises(TypeError, match="observer needs record"):
+        CPUOffloadingManager(8, observers=[object()])  # type: ignore[list-item]
+
+
+class _Log:
+    """An observer that is not a shadow: the manager calls it as any other."""
+
+    def __init__(self) -> None:
+        self.keys: list[OffloadKey] = []
+        self.finished: list[str] = []
+
+    def record(self, keys: list[OffloadKey], ctx: ReqContext | None = None) -> int:
+        self.keys += keys
+        return len(keys)
+
+    def request_finished(self, ctx: ReqContext) -> None:
+        self.finished.append(ctx.req_id)
+
+    def stats(self) -> dict[str, float]:
+        return {"log_keys": float(len(self.keys))}
+
+
+@pytest.mark.parametrize("live", ["lru", "arc"])  # lru skips misses' touches; arc does not
+def test_an_observer_sees_each_request_key_once_misses_included(live: str) -> None:
+    log = _Log()
+    m = CPUOffloadingManager(4, cache_policy=live, observers=[log])
+    ctx = ReqContext(req_id="r0")
+    m.on_new_request(ctx)
+    out = m.prepare_store([k(1), k(2)], ctx)
+    assert out is not None
+    m.complete_store(out.keys_to_store, ctx)
+    m.on_request_finished(ctx)
+    ctx = ReqContext(req_id="r1")
+    m.on_new_request(ctx)
+    m.prepare_load([k(1)], ctx)
+    m.complete_load([k(1)], ctx)
+    m.prepare_store([k(1), k(3)], ctx)  # k(1) touched already: seen once this request
+    m.on_request_finished(ctx)
+    m.touch([k(2)])  # outside a request
+    assert log.keys == [k(1), k(2), k(1), k(3), k(2)]
+    assert log.finished == ["r0", "r1"]
+    assert m.get_stats().policy["log_keys"] == 5.0
 
 
 def test_shadow_gauges_reach_prometheus() -> None:
@@ -94,9 +135,7 @@ def test_shadow_gauges_reach_prometheus() -> None:
 
     m = CPUOffloadingManager(
         64,
-        shadow_policies=["lru", "arc", ("mq", {"lifetime": 50})],
-        shadow_sample_rate=1.0,
-        shadow_min_blocks=0,
+        observers=_shadows(64, ["lru", "arc", ("mq", {"lifetime": 50})], 1.0),
     )
     _replay(m, _stream(2000))
     registry = CollectorRegistry()

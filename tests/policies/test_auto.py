@@ -10,7 +10,7 @@ from conftest import require_shared_trace
 from kvoffload.context import HINT_FIELDS, ReqContext
 from kvoffload.manager import CPUOffloadingManager
 from kvoffload.policies import create_cache_policy
-from kvoffload.policies.auto import AutoCachePolicy
+from kvoffload.selection.auto import AutoCachePolicy
 from kvoffload.sim.drive import access_blocks
 from kvoffload.sim.replay import PolicySpec, replay
 from kvoffload.sim.traces import load_trace
@@ -39,7 +39,7 @@ def _run(manager: CPUOffloadingManager, ids: list[int]) -> int:
 def test_auto_switches_once_to_the_better_candidate(caplog: pytest.LogCaptureFixture) -> None:
     params = {"candidates": "fifo,lru", "sample_rate": 1.0, "window": 100}
     manager = CPUOffloadingManager(100, "auto", cache_policy_params=params)
-    with caplog.at_level(logging.INFO, logger="kvoffload.policies.auto"):
+    with caplog.at_level(logging.INFO, logger="kvoffload.selection.auto"):
         _run(manager, _hot_and_scan(4000))
     auto = manager.policy
     assert isinstance(auto, AutoCachePolicy)

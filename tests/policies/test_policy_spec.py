@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from kvoffload.policies import PolicySpec, create_cache_policy
-from kvoffload.policies.auto import AutoCachePolicy
-from kvoffload.policies.shadow import candidate_name
+from kvoffload.selection.auto import AutoCachePolicy
+from kvoffload.selection.shadow import candidate_name
 from kvoffload.sim import replay
 
 

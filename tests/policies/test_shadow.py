@@ -7,7 +7,7 @@ import pytest
 from kvoffload.context import ReqContext
 from kvoffload.policies import CachePolicyFactory, create_cache_policy
 from kvoffload.policies.lru import LRUCachePolicy
-from kvoffload.policies.shadow import ShadowEvaluator, sample_hash, sampling_rate, scaled_params
+from kvoffload.selection.shadow import ShadowEvaluator, sample_hash, sampling_rate, scaled_params
 from kvoffload.testing.drive import drive_single_blocks, int_key
 
 
@@ -154,3 +154,25 @@ def test_a_miniature_scales_the_parameters_its_class_counts_in_accesses() -> Non
             "label": 3,  # not counted in accesses: as given
             "horizon": 50,
         }
+
+
+@pytest.mark.parametrize("name", ["lru", "arc"])
+def test_a_request_open_across_clear_releases_nothing_into_the_new_miniatures(name: str) -> None:
+    """Blocks a request held (loads pinned, stores pending) before ``clear`` went with it:
+    the request's end releases nothing, and the miniatures start again as fresh ones."""
+    shadow = ShadowEvaluator(8, [name], sample_rate=1.0)
+    warm = ReqContext(req_id="warm")
+    shadow.record([int_key(i) for i in range(4)], warm)
+    shadow.request_finished(warm)
+    ctx = ReqContext(req_id="open")
+    shadow.record([int_key(i) for i in range(6)], ctx)  # 4 loads pinned, 2 stores pending
+    shadow.clear()
+    shadow.request_finished(ctx)
+    fresh = ShadowEvaluator(8, [name], sample_rate=1.0)
+    for evaluator in (shadow, fresh):
+        for start in range(0, 40, 5):
+            later = ReqContext(req_id=f"r{start}")
+            evaluator.record([int_key(i % 13) for i in range(start, start + 5)], later)
+            evaluator.request_finished(later)
+    assert shadow.estimates()[name].hits == fresh.estimates()[name].hits
+    assert shadow.estimates()[name].accesses == fresh.estimates()[name].accesses == 40

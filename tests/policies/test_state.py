@@ -150,3 +150,26 @@ def test_a_logged_context_keeps_its_hints_and_drops_its_request_state() -> None:
             entry["a"]["_state"] = None
     with pytest.raises(ValueError, match="may not carry _state"):
         restore_policy_state(json.dumps(doc))
+
+
+def test_a_state_saved_before_selection_moved_restores() -> None:
+    """``auto`` and its shadows moved from ``kvoffload.policies`` to ``kvoffload.selection``:
+    a state that names the old modules restores to the same decisions."""
+    policy = create_cache_policy("auto", 64)
+    keys = [int_key(i) for i in range(80)]
+    for key in keys:
+        policy.touch([key])
+        if policy.get(key) is None:
+            victims = policy.evict(1, ()) if len(policy.block_table or ()) >= 64 else []
+            status = victims[0][1] if victims else BlockStatus(len(policy.block_table or ()))
+            status.ref_cnt = -1
+            policy.insert(key, status)
+            status.ref_cnt = 0
+            policy.mark_evictable(key)
+    data = export_policy_state(policy).decode()
+    assert '"kvoffload.selection.auto:AutoCachePolicy"' in data
+    assert '"kvoffload.selection.shadow:' in data
+    old = data.replace('"kvoffload.selection.', '"kvoffload.policies.')
+    restored = restore_policy_state(old)
+    assert type(restored) is type(policy)
+    assert [k for k, _ in restored.evict(5, ()) or []] == [k for k, _ in policy.evict(5, ()) or []]

@@ -90,7 +90,7 @@ def test_every_built_in_hands_over_its_whole_resident_set(name: str) -> None:
 def test_a_warm_switch_follows_the_logged_accesses_not_the_old_order() -> None:
     """LRU warmed on a log in which 0 and 2 were used last: they are its last victims."""
     from kvoffload.context import ReqContext
-    from kvoffload.policies.switching import warm_switch
+    from kvoffload.selection.switching import warm_switch
 
     old, statuses = _filled("fifo", 5)  # FIFO order 0..4; a cold switch keeps it
     ctx = ReqContext(req_id="r", timestamp=1.0)
@@ -107,7 +107,7 @@ def test_a_warm_switch_follows_the_logged_accesses_not_the_old_order() -> None:
 
 
 def test_a_warm_switch_without_a_log_is_the_plain_switch() -> None:
-    from kvoffload.policies.switching import warm_switch
+    from kvoffload.selection.switching import warm_switch
 
     old, _ = _filled("fifo", 5)
     old.touch([int_key(0)])
@@ -120,7 +120,7 @@ def test_a_warm_switch_without_a_log_is_the_plain_switch() -> None:
 
 @pytest.mark.parametrize("target", ["mq", "arc", "kvaware", "lru"])
 def test_a_warm_switch_keeps_pins_and_pending_writes(target: str) -> None:
-    from kvoffload.policies.switching import warm_switch
+    from kvoffload.selection.switching import warm_switch
 
     old, statuses = _filled("lru", 4)
     statuses[1].ref_cnt = 2
@@ -144,7 +144,7 @@ def test_a_warm_switch_keeps_pins_and_pending_writes(target: str) -> None:
 
 
 def test_a_warm_switch_refuses_a_target_that_is_not_empty() -> None:
-    from kvoffload.policies.switching import warm_switch
+    from kvoffload.selection.switching import warm_switch
 
     old, _ = _filled("lru", 3)
     new, _ = _filled("lru", 3)

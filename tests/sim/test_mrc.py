@@ -214,7 +214,7 @@ def test_fixed_size_and_miniature_bounds_lower_the_rate() -> None:
 
 def test_a_presampled_shadow_takes_every_key_it_is_given() -> None:
     from kvoffload.keys import int_key
-    from kvoffload.policies.shadow import ShadowEvaluator
+    from kvoffload.selection.shadow import ShadowEvaluator
 
     keys = [int_key(i) for i in range(2000)]
     for presampled, fed in ((True, 2000), (False, None)):

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from kvoffload.policies import create_cache_policy
-from kvoffload.policies.auto import AutoCachePolicy
+from kvoffload.selection.auto import AutoCachePolicy
 from kvoffload.sim.replay import PolicySpec, ReplayResult
 
 BASELINE = "lru"

@@ -43,7 +43,8 @@ changing only counters, is not checked; ``get_stats`` may be read from any threa
 Modules: :mod:`.api` (types and the ABC), :mod:`.ledger` (a policy and its slots: the one
 place where a block's status changes), :mod:`.pool` (slots), :mod:`.counters`,
 :mod:`.records` (per-request state), :mod:`.keyargs` (argument checks), :mod:`.locked`,
-:mod:`.cpu` (the manager).
+:mod:`.observers` (what the manager tells components that watch its key stream, such as
+shadows), :mod:`.cpu` (the manager).
 """
 
 from kvoffload.manager.api import (
@@ -59,10 +60,12 @@ from kvoffload.manager.counters import Counters
 from kvoffload.manager.cpu import CPUOffloadingManager
 from kvoffload.manager.ledger import BlockLedger
 from kvoffload.manager.locked import locked_class
+from kvoffload.manager.observers import AccessObserver
 from kvoffload.manager.pool import SlotPool
 from kvoffload.manager.recorder import TraceRecorder
 
 __all__ = [
+    "AccessObserver",
     "BlockAccesses",
     "BlockLedger",
     "CPULoadStoreSpec",

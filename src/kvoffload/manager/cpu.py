@@ -27,6 +27,7 @@ from kvoffload.manager.counters import Counters
 from kvoffload.manager.keyargs import check_key_types, describe_key, key_list, wrong_key_type
 from kvoffload.manager.ledger import BlockLedger
 from kvoffload.manager.locked import locked_class
+from kvoffload.manager.observers import AccessObserver, check_observers
 from kvoffload.manager.recorder import TraceRecorder
 from kvoffload.manager.records import RequestRecord
 from kvoffload.manager.state import decode_manager_state, encode_manager_state
@@ -37,7 +38,6 @@ from kvoffload.policies import (
     create_cache_policy,
     switch_resident_set,
 )
-from kvoffload.policies.shadow import CandidateSpec, ShadowEvaluator
 
 logger = logging.getLogger(__name__)
 
@@ -65,20 +65,18 @@ class CPUOffloadingManager(OffloadingManager):
         partial_store: store the longest prefix that fits instead of nothing.
         thread_safe: guard every public method with one lock (the instance's class becomes
             ``locked_class(cls)``); without it, a call from a second thread raises.
-        shadow_policies: candidate policies (names, ``(name, params)`` pairs, or one
-            comma-separated string) to evaluate on the live key stream: each request's keys
-            (once each, where the policy is touched) feed a
-            :class:`~kvoffload.policies.shadow.ShadowEvaluator`, and ``get_stats().policy``
-            carries each candidate's estimate as ``shadow_<name>_hit_ratio``.
-        shadow_sample_rate: share of the key space the shadows sample (SHARDS rate).
-        shadow_min_blocks: raise the rate so each miniature holds at least this many blocks.
+        observers: components that watch the key stream
+            (:class:`~kvoffload.manager.observers.AccessObserver`): each request's keys, once
+            each where the policy is touched, its end, and their gauges in
+            ``get_stats().policy``. Shadows of candidate policies are one: build a
+            :class:`~kvoffload.selection.shadow.ShadowEvaluator` and pass it here.
         recorder: a :class:`~kvoffload.manager.recorder.TraceRecorder` that writes each
             request's keys and hints as a trace ``kvoffload simulate`` replays (also
             :meth:`set_recorder`).
 
     The blocks and their slots live in a :class:`~kvoffload.manager.ledger.BlockLedger`,
     the one place where a block's status changes; the manager adds requests, admission,
-    counters, events, shadows and the recorder around it.
+    counters, events, observers and the recorder around it.
     """
 
     def __init__(
@@ -94,9 +92,7 @@ class CPUOffloadingManager(OffloadingManager):
         skip_partial_tail: bool = False,
         partial_store: bool = False,
         thread_safe: bool = False,
-        shadow_policies: str | Sequence[CandidateSpec] | None = None,
-        shadow_sample_rate: float = 0.01,
-        shadow_min_blocks: int = 256,
+        observers: Iterable[AccessObserver] = (),
         recorder: TraceRecorder | None = None,
     ) -> None:
         self.num_blocks = check_int("num_blocks", num_blocks, 0)
@@ -124,16 +120,7 @@ class CPUOffloadingManager(OffloadingManager):
         self._ledger = BlockLedger(policy, num_blocks)
         self._bind_policy(policy)
         self._last_timestamp: float | None = None  # the latest request's, for switch_policy
-        self._shadow: ShadowEvaluator | None = None
-        if shadow_policies is not None:
-            if isinstance(shadow_policies, str):
-                shadow_policies = [n.strip() for n in shadow_policies.split(",") if n.strip()]
-            self._shadow = ShadowEvaluator(
-                num_blocks,
-                shadow_policies,
-                sample_rate=shadow_sample_rate,
-                min_shadow_blocks=shadow_min_blocks,
-            )
+        self._observers = check_observers(observers)
         self._recorder: TraceRecorder | None = None
         if recorder is not None:
             self.set_recorder(recorder)
@@ -224,7 +211,7 @@ class CPUOffloadingManager(OffloadingManager):
         """The cache's state for a warm restart (:meth:`from_state`): the policy's whole
         state (order, frequencies, ghosts, and the stored keys with their slots) as JSON.
 
-        Jobs in flight, counters, admission offer counts and shadows are not in it (see
+        Jobs in flight, counters, admission offer counts and observers are not in it (see
         :mod:`kvoffload.manager.state`); the current policy must keep a ``block_table``.
         """
         self._check_entry()
@@ -236,7 +223,7 @@ class CPUOffloadingManager(OffloadingManager):
         same slots, and a policy that makes the same decisions as the saved one would have.
 
         ``options`` are the constructor's other arguments (``enable_events``, ``admission``,
-        ``thread_safe``, ``shadow_policies``, ...); the capacity and the policy come from
+        ``thread_safe``, ``observers``, ...); the capacity and the policy come from
         ``data``. Blocks that were being written are dropped; pins are released.
         """
         for name in (
@@ -263,9 +250,9 @@ class CPUOffloadingManager(OffloadingManager):
         return self._recorder
 
     @property
-    def shadows(self) -> ShadowEvaluator | None:
-        """The shadow evaluator fed by the live key stream (``shadow_policies``), or None."""
-        return self._shadow
+    def observers(self) -> tuple[AccessObserver, ...]:
+        """The components fed by the live key stream (``observers``), in order."""
+        return self._observers
 
     @property
     def generation(self) -> int:
@@ -339,8 +326,9 @@ class CPUOffloadingManager(OffloadingManager):
     ) -> None:
         """Touch the keys this request has not accessed yet (each once, in order)."""
         fresh = self._ledger.access(record.touched, keys, ctx)
-        if fresh and self._shadow is not None:
-            self._shadow.record(fresh, ctx)
+        if fresh and self._observers:
+            for observer in self._observers:
+                observer.record(fresh, ctx)
 
     # --------------------------------------------------------------- the API
     def lookup(self, key: OffloadKey, ctx: ReqContext | None = None) -> LookupResult:
@@ -423,8 +411,8 @@ class CPUOffloadingManager(OffloadingManager):
         if ctx is None:
             self._check_entry()
             self._ledger.access(None, keys, None)
-            if self._shadow is not None:
-                self._shadow.record(keys, None)
+            for observer in self._observers:
+                observer.record(keys, None)
             return
         self._touch_once(self._request_record(ctx), keys, ctx)
 
@@ -495,9 +483,11 @@ class CPUOffloadingManager(OffloadingManager):
         # One access per request and key, misses included (ghost learning), head first.
         if self._touch_misses or accessed is not absent:
             self._touch_once(record, accessed, ctx)
-        elif self._shadow is not None:  # the policy skips misses; the shadows need them
+        elif self._observers:  # the policy skips misses; the observers see them
             touched = record.touched
-            self._shadow.record([key for key in accessed if key not in touched], ctx)
+            fresh = [key for key in accessed if key not in touched]
+            for observer in self._observers:
+                observer.record(fresh, ctx)
         if not to_store:
             return PrepareStoreOutput([], CPULoadStoreSpec([], self._generation), [])
         evicted_keys = ledger.make_room(len(to_store), offered)
@@ -641,16 +631,16 @@ class CPUOffloadingManager(OffloadingManager):
         policy calls, counters and slots as ``lookup`` then ``prepare_load`` +
         ``complete_load`` or ``prepare_store`` + ``complete_store`` for each key
         (:func:`kvoffload.sim.drive.access_blocks_by_calls`, which admission filters,
-        events, shadows and a recorder need, since this call makes none of their records).
+        events, observers and a recorder need, since this call makes none of their records).
         """
         if (
             self._admission is not None
             or self._enable_events
-            or self._shadow is not None
+            or self._observers
             or self._recorder is not None
         ):
             raise ValueError(
-                "access_each makes no admission, event, shadow or recorder records; "
+                "access_each makes no admission, event, observer or recorder records; "
                 "make the public calls one key at a time instead"
             )
         if type(keys) is not list:
@@ -678,8 +668,8 @@ class CPUOffloadingManager(OffloadingManager):
         if record is not None:
             record.touched.clear()
         self._policy.on_request_finished(ctx)
-        if self._shadow is not None:
-            self._shadow.request_finished(ctx)
+        for observer in self._observers:
+            observer.request_finished(ctx)
         if self._recorder is not None:
             self._recorder.finish(ctx)
 
@@ -784,8 +774,8 @@ class CPUOffloadingManager(OffloadingManager):
 
     def _policy_gauges(self) -> dict[str, float]:
         gauges = dict(self._policy.stats())
-        if self._shadow is not None:
-            gauges.update(self._shadow.stats())
+        for observer in self._observers:
+            gauges.update(observer.stats())
         return gauges
 
     def shutdown(self) -> None:

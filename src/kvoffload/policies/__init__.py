@@ -128,7 +128,12 @@ BUILTIN_POLICIES: tuple[tuple[str, str, str, str], ...] = (
         "KVAwareCachePolicy",
         "KV-aware: learns reuse odds per block class online, evicts the least likely reused.",
     ),
-    ("auto", "kvoffload.policies.auto", "AutoCachePolicy", "Picks a candidate by sampled shadows."),
+    (
+        "auto",
+        "kvoffload.selection.auto",
+        "AutoCachePolicy",
+        "Picks a candidate by sampled shadows.",
+    ),
 )
 
 

@@ -106,7 +106,7 @@ class CachePolicy(ABC):
     touches_misses: ClassVar[bool] = True
 
     #: Parameters this policy counts in accesses (or inserts), by attribute name: a miniature
-    #: of it on a sample of ``rate`` of the keys (``kvoffload.policies.shadow``) sees ``rate``
+    #: of it on a sample of ``rate`` of the keys (``kvoffload.selection.shadow``) sees ``rate``
     #: times the accesses, so it gets them scaled by ``rate`` as its capacity is, or its
     #: clocks would run ``1 / rate`` times slow and it would decide like a bigger cache.
     access_count_params: ClassVar[tuple[str, ...]] = ()

@@ -7,13 +7,16 @@ bytes cannot run code:
 
 * JSON, versioned: ``{"format": FORMAT, "version": VERSION, "root": ..., "objects": [...]}``;
 * values are ``None``, bools, ints, floats, strings, ``bytes`` (hex), tuples and frozensets
-  inline, and the clocks ``time.monotonic`` / ``time.time`` / ``time.perf_counter`` by name;
+  inline, the clocks ``time.monotonic`` / ``time.time`` / ``time.perf_counter`` by name, and
+  the bound ``get`` of a stored dict or object (a block ledger's getter) by its owner;
   lists, dicts, ``OrderedDict``\\ s, sets, deques, bytearrays, ``random.Random`` states and
   objects go in a flat ``objects`` table and are referenced by index, so shared objects stay
   shared and cycles and long linked chains (SIEVE's nodes) need no recursion;
-* an object is restored only when its class is defined in a ``kvoffload.policies`` module
-  (or one of ``allowed_modules``): the module is imported by name, the class looked up by
-  its qualified name, created with ``__new__`` and its attributes set directly; no
+* an object is restored only when its class is defined in a ``kvoffload.policies`` or
+  ``kvoffload.selection`` module (``auto`` and its shadows; their miniatures' block ledgers
+  and slot pools too), or one of ``allowed_modules``:
+  the module is imported by name, the class looked up by its qualified name, created with
+  ``__new__`` and its attributes set directly; no
   constructor, ``__setstate__`` or any other code of the data's choosing runs.
 
 What the state holds is the policy's only: the manager's slot bookkeeping and in-flight jobs
@@ -28,6 +31,7 @@ import json
 import random
 import re
 import time
+import types
 from collections import OrderedDict, deque
 from collections.abc import Collection
 from typing import Any
@@ -37,7 +41,18 @@ from kvoffload.policies.base import CachePolicy
 
 FORMAT = "kvoffload.policy-state"
 VERSION = 1
-_TRUSTED_PREFIX = "kvoffload.policies"
+#: ``auto``'s shadows keep each miniature's blocks in a block ledger (its slot pool with it).
+_TRUSTED = (
+    "kvoffload.policies",
+    "kvoffload.selection",
+    "kvoffload.manager.ledger",
+    "kvoffload.manager.pool",
+)
+#: Modules that moved, so states saved before the move restore: old name -> new name.
+_MOVED = {
+    "kvoffload.policies.auto": "kvoffload.selection.auto",
+    "kvoffload.policies.shadow": "kvoffload.selection.shadow",
+}
 _MODULE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 _QUALNAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 _MISSING = object()
@@ -48,6 +63,8 @@ _FUNCTIONS: dict[str, Any] = {
     "time.perf_counter": time.perf_counter,
 }
 _FUNCTION_NAMES = {id(fn): name for name, fn in _FUNCTIONS.items()}
+#: A bound ``get`` (``{}.get``, a policy's ``get``): stored as its owner, bound again on restore.
+_BOUND_METHODS = (types.BuiltinMethodType, types.MethodType)
 #: The one class outside the policies a state may hold: request contexts a policy logged
 #: (``auto``'s recent accesses). Their hints are kept; their per-request state and the
 #: engine's transfer params are not (they belong to the live request, not to the policy).
@@ -103,6 +120,8 @@ class _Encoder:
         function = _FUNCTION_NAMES.get(id(v))
         if function is not None:
             return {"fn": function}
+        if getattr(v, "__name__", None) == "get" and kind in _BOUND_METHODS:
+            return {"get": self.value(v.__self__)}  # type: ignore[attr-defined]
         module = getattr(kind, "__module__", "")
         if kind is ReqContext or (_trusted(module, self.allowed) and "<" not in kind.__qualname__):
             return self.ref(v)
@@ -145,9 +164,7 @@ class _Encoder:
         return {"format": FORMAT, "version": VERSION, "root": top, "objects": self.objects}
 
 
-def export_policy_state(
-    policy: CachePolicy, allowed_modules: Collection[str] = (_TRUSTED_PREFIX,)
-) -> bytes:
+def export_policy_state(policy: CachePolicy, allowed_modules: Collection[str] = _TRUSTED) -> bytes:
     """The policy's whole state as versioned JSON bytes (see the module docstring)."""
     if not isinstance(policy, CachePolicy):
         raise TypeError(f"policy must be a CachePolicy, got {type(policy).__name__}")
@@ -169,6 +186,7 @@ class _Decoder:
         if target == _CONTEXT_CLASS:
             return ReqContext
         module, qualname = target.split(":")
+        module = _MOVED.get(module, module)
         if not _MODULE_NAME.match(module) or not _QUALNAME.match(qualname):
             raise ValueError(f"policy state: bad class name {target!r}")
         if not _trusted(module, self.allowed):
@@ -227,6 +245,10 @@ class _Decoder:
                 return frozenset(self.value(x) for x in payload)
             if tag == "fn" and payload in _FUNCTIONS:
                 return _FUNCTIONS[payload]
+            if tag == "get":
+                owner = self.value(payload)
+                if isinstance(owner, dict) or _trusted(type(owner).__module__, self.allowed):
+                    return owner.get
         raise ValueError(f"policy state: cannot decode value {str(v)[:80]!r}")
 
     def fill(self) -> None:
@@ -264,7 +286,7 @@ class _Decoder:
 
 
 def restore_policy_state(
-    data: bytes | str, allowed_modules: Collection[str] = (_TRUSTED_PREFIX,)
+    data: bytes | str, allowed_modules: Collection[str] = _TRUSTED
 ) -> CachePolicy:
     """A new policy object with the state :func:`export_policy_state` wrote.
 

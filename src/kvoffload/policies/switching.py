@@ -19,8 +19,11 @@ does):
 3. **Pending blocks** (being written, ``ref_cnt == -1``) come last and stay pending: the
    manager's completion calls ``mark_evictable`` on the new policy as usual.
 
-:func:`warm_switch` does the same move after replaying a recent access log into ``new``, so
-that it starts with the state (ghosts, frequencies, reuse classes) it would have learned.
+:func:`kvoffload.selection.switching.warm_switch` does the same move after replaying a recent
+access log into ``new``, so that it starts with the state (ghosts, frequencies, reuse classes)
+it would have learned. The move is here, at the policies' floor, because a manager's
+``switch_policy`` makes it too; choosing a policy and warming it up is selection's
+(:mod:`kvoffload.selection`, above the manager).
 
 The blocks' :class:`BlockStatus` objects move as they are (they are shared with the manager),
 so slots and pin counts are unchanged. The old policy is cleared at the end: it is consumed.
@@ -30,9 +33,8 @@ keeps none, from ``resident_keys`` (every stored key; the manager knows them).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from itertools import count
 
 from kvoffload.context import ReqContext
 from kvoffload.keys import OffloadKey
@@ -87,13 +89,13 @@ def switch_resident_set(
     with the current ``timestamp`` to a policy that keeps time by it, e.g. ``kvaware``); its
     ``on_request_finished`` is called at the end.
     """
-    statuses, _ = _resident(old, new, resident_keys)
+    statuses, _ = resident_statuses(old, new, resident_keys)
     drained = drain_in_eviction_order(old)
     moved = set()
     touch = new.touch
     for key, status in drained:
         moved.add(key)
-        _insert_ready(new, key, status, req_context)
+        insert_ready(new, key, status, req_context)
         if frequencies is not None:
             extra = frequencies.get(key, 1) - 1
             one = [key]
@@ -103,12 +105,12 @@ def switch_resident_set(
     rest = [(key, status) for key, status in statuses.items() if key not in moved]
     for key, status in rest:  # ready blocks old would not give up (its own pins): keep them
         if status.ref_cnt == 0:
-            _insert_ready(new, key, status, req_context)
+            insert_ready(new, key, status, req_context)
             kept += 1
     for key, status in rest:
         if status.ref_cnt > 0:
             count = status.ref_cnt
-            _insert_ready(new, key, status, req_context)
+            insert_ready(new, key, status, req_context)
             status.ref_cnt = count
             new.mark_non_evictable(key)
             pinned += 1
@@ -122,165 +124,7 @@ def switch_resident_set(
     return SwitchReport(len(drained) + kept, pinned, pending)
 
 
-#: One entry of a recent-access log: the keys one ``touch`` call accessed (in order) under
-#: its request's context, or ``None`` for keys where that request finished.
-HistoryEntry = tuple[Sequence[OffloadKey] | None, ReqContext | None]
-
-
-def warm_switch(
-    old: CachePolicy,
-    new: CachePolicy,
-    history: Iterable[HistoryEntry],
-    resident_keys: Iterable[OffloadKey] | None = None,
-    req_context: ReqContext | None = None,
-) -> SwitchReport:
-    """:func:`switch_resident_set`, with ``new`` first replaying the recent accesses in
-    ``history``, so it switches in with the state it would have learned serving them.
-
-    A policy built at the switch knows nothing the old one learned: its ghosts, frequencies
-    and reuse classes start empty, and it decides badly for as long as they take to fill (on
-    the shared trace at 10%, ``kvaware`` switched in at 40% ended below ``mq``, the policy it
-    replaced). The replay drives ``new`` as the manager would (each call's keys touched at
-    once, the misses stored as a batch with the call's keys protected and completed at once),
-    constrained to end on the
-    real resident set: resident blocks the log does not access enter first (in ``old``'s
-    eviction order), and every resident block is held pinned while the log plays, so only
-    blocks that are not resident are evicted (its ghosts remember them). At the end those are
-    evicted, and the resident blocks are released least recently accessed first (``old``'s
-    order for the ones the log did not access), into their real pin state: ready ones made
-    evictable, pinned ones kept pinned, pending ones entered again as pending stores.
-    Resident blocks enter under their own status objects (the pin counts are saved and
-    restored), so no status object changes hands; contexts are copied per request, so no
-    policy state lands in the callers' contexts. Raises as :func:`switch_resident_set` does,
-    before anything changes.
-    """
-    from kvoffload.policies.shadow import copy_context  # shadow imports factory: no cycle here
-
-    statuses, keys = _resident(old, new, resident_keys)
-    log = list(history)
-    accessed: set[OffloadKey] = set()
-    for entry_keys, _ in log:
-        if entry_keys is not None:
-            accessed.update(entry_keys)
-    drained = drain_in_eviction_order(old)
-    order = [key for key, _ in drained]  # least valuable first, then what old kept
-    order_set = set(order)
-    order += [key for key in keys if key in statuses and key not in order_set]
-    saved = {key: status.ref_cnt for key, status in statuses.items()}
-    last_use: dict[OffloadKey, int] = {}
-    held: set[OffloadKey] = set()
-    capacity = new.cache_capacity
-    get, touch, evict = new.get, new.touch, new.evict
-    step = replayed = 0
-
-    pinned_keys: set[OffloadKey] = set()  # resident blocks entered (pinned until the end)
-
-    def enter(key: OffloadKey, status: BlockStatus, ctx: ReqContext | None) -> None:
-        _insert_ready(new, key, status, ctx)
-        held.add(key)
-        if key in statuses:  # resident: pinned while the log plays
-            status.ref_cnt = 1
-            new.mark_non_evictable(key)
-            pinned_keys.add(key)
-
-    # The blocks the log does not access were stored before it: enter them at its start time.
-    first = next((ctx for _, ctx in log if ctx is not None and ctx.timestamp is not None), None)
-    early = req_context
-    if first is not None:
-        early = ReqContext(req_id="warm-switch", timestamp=first.timestamp)
-    try:
-        for key in order:
-            if key not in accessed:
-                enter(key, statuses[key], early)
-                last_use[key] = step
-                step += 1
-        copies: dict[int, ReqContext] = {}
-        fake_ids = count(-2, -1)  # slots no real block has
-        for entry_keys, ctx in log:
-            mctx = None
-            if ctx is not None:
-                mctx = copies.get(id(ctx))
-                if mctx is None:
-                    mctx = copies[id(ctx)] = copy_context(ctx)
-                    mctx.output_tokens = None
-            if entry_keys is None:
-                if ctx is not None and mctx is not None:
-                    del copies[id(ctx)]
-                    mctx.output_tokens = ctx.output_tokens
-                    new.on_request_finished(mctx)
-                continue
-            # One call as the manager makes it: every key touched at once, then the misses
-            # stored as a batch, room made with the call's keys protected.
-            touch(entry_keys, mctx)
-            misses = []
-            for key in entry_keys:
-                if key in statuses:
-                    last_use[key] = step
-                step += 1
-                if get(key) is None:
-                    misses.append(key)
-            if not misses:
-                continue
-            fresh = [key for key in misses if key not in statuses]
-            need = len(held) - len(pinned_keys) + len(fresh) - capacity
-            if need > 0:  # the resident blocks count apart: they are pinned
-                victims = evict(need, set(entry_keys))
-                if victims is None:  # the call's own keys fill the capacity: store what fits
-                    fresh = fresh[: max(len(fresh) - need, 0)]
-                    keep = set(fresh)
-                    misses = [key for key in misses if key in statuses or key in keep]
-                else:
-                    for victim, _ in victims:
-                        held.discard(victim)
-            for key in misses:
-                status = statuses.get(key)
-                if status is None:
-                    status = BlockStatus(next(fake_ids))
-                else:
-                    replayed += 1
-                enter(key, status, mctx)
-        extra = [key for key in held if key not in statuses]
-        if extra:
-            victims = evict(len(extra), ()) or []  # the resident ones are pinned
-            for victim, _ in victims:
-                held.discard(victim)
-            for key in extra:
-                if key in held:  # cannot happen: evict gives every unpinned block
-                    new.remove(key)
-                    held.discard(key)
-        missing = [key for key in order if key not in held]  # resident, never entered
-        for key in missing:
-            enter(key, statuses[key], req_context)
-            last_use[key] = step
-            step += 1
-    except BaseException:
-        for key, status in statuses.items():
-            status.ref_cnt = saved[key]
-        raise
-    evictable = pinned = pending = 0
-    released = sorted(held, key=last_use.__getitem__)
-    for key in released:
-        status = statuses[key]
-        real = saved[key]
-        if real == 0:
-            status.ref_cnt = 0
-            new.mark_evictable(key)
-            evictable += 1
-        elif real > 0:
-            status.ref_cnt = real
-            pinned += 1
-        else:  # being written: enter again as a pending store
-            new.remove(key)
-            status.ref_cnt = -1
-            new.insert(key, status, req_context)
-            pending += 1
-    old.clear()
-    if req_context is not None:
-        new.on_request_finished(req_context)
-    return SwitchReport(evictable, pinned, pending, replayed)
-
-
-def _resident(
+def resident_statuses(
     old: CachePolicy, new: CachePolicy, resident_keys: Iterable[OffloadKey] | None
 ) -> tuple[dict[OffloadKey, BlockStatus], list[OffloadKey]]:
     """The stored keys' statuses and the keys; ``ValueError`` when a switch cannot be made."""
@@ -313,7 +157,7 @@ def _resident(
     return statuses, keys
 
 
-def _insert_ready(
+def insert_ready(
     policy: CachePolicy, key: OffloadKey, status: BlockStatus, ctx: ReqContext | None
 ) -> None:
     """Enter ``key`` as a completed store: inserted as being written, then made evictable."""
@@ -323,10 +167,27 @@ def _insert_ready(
     policy.mark_evictable(key)
 
 
+def __getattr__(name: str) -> object:
+    """``warm_switch`` and ``HistoryEntry`` moved to :mod:`kvoffload.selection.switching`:
+    a deprecated alias (a warning), imported when asked for, since selection sits above
+    this floor."""
+    if name in ("warm_switch", "HistoryEntry"):
+        import importlib
+        import warnings
+
+        warnings.warn(
+            f"kvoffload.policies.switching.{name} moved to kvoffload.selection.switching",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return getattr(importlib.import_module("kvoffload.selection.switching"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __all__ = [
-    "HistoryEntry",
     "SwitchReport",
     "drain_in_eviction_order",
+    "insert_ready",
+    "resident_statuses",
     "switch_resident_set",
-    "warm_switch",
 ]

@@ -7,7 +7,7 @@ same policy calls and leaves the same counters, slots and statuses as that per-k
 sequence (``tests/sim/test_drive.py`` checks it), without its per-call cost: the blocks mode
 is bound by it. The manager's :meth:`~kvoffload.manager.CPUOffloadingManager.access_each`
 makes it (on the block ledger, where the protocol is written once); with admission filters,
-events, shadow policies or a recorder on, it makes exactly the public calls.
+events, observers (shadow policies) or a recorder on, it makes exactly the public calls.
 """
 
 from __future__ import annotations
@@ -26,12 +26,7 @@ def access_blocks(
     m: CPUOffloadingManager, keys: Sequence[OffloadKey], ctx: ReqContext
 ) -> BlockAccesses:
     """Each of ``keys`` as an independent access to ``m``, in order (see the module)."""
-    if (
-        m.admission is not None
-        or m.events_enabled
-        or m.shadows is not None
-        or m.recorder is not None
-    ):
+    if m.admission is not None or m.events_enabled or m.observers or m.recorder is not None:
         return access_blocks_by_calls(m, keys, ctx)
     return m.access_each(keys, ctx)
 

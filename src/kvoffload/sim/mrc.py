@@ -19,7 +19,7 @@ the curves of two capacities are not nested. ``mrc --mode prefix`` therefore rep
 prefix mode at each capacity (exact, one replay each; ``method="replay"``).
 
 **Sampled, any policy.** Each policy runs as a miniature on a SHARDS spatial sample of the
-blocks at ``capacity x rate`` blocks (:class:`~kvoffload.policies.shadow.ShadowEvaluator`,
+blocks at ``capacity x rate`` blocks (:class:`~kvoffload.selection.shadow.ShadowEvaluator`,
 the shadows ``auto`` uses, with their draw correction). ``sample_rate`` is SHARDS' fixed
 rate; ``min_blocks`` raises it at small capacities so each miniature holds at least that
 many blocks (fixed size, up to every block). With ``salts > 1`` the curve is the mean of
@@ -44,7 +44,7 @@ from typing import Any
 
 from kvoffload.context import ReqContext
 from kvoffload.keys import OffloadKey, int_key
-from kvoffload.policies.shadow import ShadowEvaluator, sampling_rate
+from kvoffload.selection.shadow import ShadowEvaluator, sampling_rate
 from kvoffload.sim.capacity import Capacity
 from kvoffload.sim.records import Trace, TraceRequest
 from kvoffload.sim.replay import PolicySpec, ReplayOptions, _repeat_free_segments, replay
@@ -450,7 +450,7 @@ _M64 = (1 << 64) - 1
 def draw_hashes(count: int, salt: int) -> array[int]:
     """Block ids ``0 .. count - 1``'s 32-bit sampling hashes for ``salt`` (splitmix64).
 
-    Not the shadows' :func:`~kvoffload.policies.shadow.sample_hash`: that is CRC-32 based,
+    Not the shadows' :func:`~kvoffload.selection.shadow.sample_hash`: that is CRC-32 based,
     and CRC is linear, so the blocks it keeps depend on how the ids are laid out (a generated
     trace numbers a prompt's blocks one after another), and appending a salt byte maps every
     block's CRC by the same affine map, so salted draws are far from independent. Both bias a curve
@@ -683,7 +683,7 @@ def sampled_curve(
 
 
 def _label(spec: PolicySpec) -> str:
-    from kvoffload.policies.shadow import candidate_name
+    from kvoffload.selection.shadow import candidate_name
 
     return candidate_name((spec.name, dict(spec.params)))
 

@@ -43,6 +43,7 @@ from kvoffload.context import ReqContext
 from kvoffload.keys import OffloadKey, int_key
 from kvoffload.manager import CPUOffloadingManager, LookupResult
 from kvoffload.policies.spec import PolicySpec
+from kvoffload.selection.shadow import ShadowEvaluator
 from kvoffload.sim.drive import access_blocks
 from kvoffload.sim.hit_lengths import HitLengths, summarize_hit_lengths
 from kvoffload.sim.records import Trace, TraceRequest
@@ -66,7 +67,8 @@ class ReplayOptions:
         partial_store: store the longest prefix that fits when a whole store does not.
         admission: a factory for extra admission filters (called once per replay).
         shadow_policies: candidates the manager evaluates on the replayed key stream
-            (its ``shadow_policies``; their estimates are in ``manager_stats`` as
+            (a :class:`~kvoffload.selection.shadow.ShadowEvaluator` handed to it as an
+            observer; their estimates are in ``manager_stats`` as
             ``policy_shadow_<name>_hit_ratio``).
         shadow_sample_rate: the shadows' SHARDS sampling rate.
         shadow_min_blocks: the smallest miniature (raises the rate for small caches).
@@ -224,10 +226,22 @@ def build_manager(
         admission=options.admission() if options.admission is not None else None,
         skip_partial_tail=options.skip_partial_tail,
         partial_store=options.partial_store,
-        shadow_policies=list(options.shadow_policies) or None,
-        shadow_sample_rate=options.shadow_sample_rate,
-        shadow_min_blocks=options.shadow_min_blocks,
+        observers=_shadows(capacity, options),
     )
+
+
+def _shadows(capacity: int, options: ReplayOptions) -> list[ShadowEvaluator]:
+    """The manager's observers: the shadows of ``options.shadow_policies`` (none without)."""
+    if not options.shadow_policies:
+        return []
+    return [
+        ShadowEvaluator(
+            capacity,
+            list(options.shadow_policies),
+            sample_rate=options.shadow_sample_rate,
+            min_shadow_blocks=options.shadow_min_blocks,
+        )
+    ]
 
 
 def make_context(request: TraceRequest, keys: list[OffloadKey], block_tokens: int) -> ReqContext:
