@@ -14,7 +14,9 @@ keeps its blocks here, so the manager-policy protocol is written once:
 * :meth:`BlockLedger.make_room` evicts only what a store needs, never a protected key;
 * :meth:`BlockLedger.access` touches each key once per request (the request's ``touched``
   set), and :meth:`BlockLedger.access_each` makes a run of independent one-block accesses
-  in one call (the simulator's blocks mode, libCacheSim's model).
+  in one call (the simulator's blocks mode, libCacheSim's model);
+* :meth:`BlockLedger.replace_policy` moves every block into a new policy (a manager's
+  ``switch_policy``), each entering through the same edges, so no block and no pin is lost.
 
 The ledger checks nothing a caller's bug could break: callers validate keys and requests
 first (the manager does, with messages in its own words).
@@ -28,7 +30,8 @@ from kvoffload.context import ReqContext
 from kvoffload.keys import OffloadKey
 from kvoffload.manager.api import LookupResult
 from kvoffload.manager.pool import SlotPool
-from kvoffload.policies import BlockStatus, CachePolicy, Victims
+from kvoffload.policies import BlockStatus, CachePolicy, SwitchReport, Victims
+from kvoffload.policies.switching import drain_in_eviction_order, resident_statuses
 
 _MISS = LookupResult.MISS
 _HIT = LookupResult.HIT
@@ -286,6 +289,59 @@ class BlockLedger:
         table: Mapping[OffloadKey, BlockStatus] | None = self.policy.block_table
         stored = [status.block_id for status in table.values()] if table is not None else []
         self.pool.restore(statuses, stored)
+
+    # ------------------------------------------------------------------ switches
+    def replace_policy(self, new: CachePolicy, ctx: ReqContext | None) -> SwitchReport:
+        """Move every block into the empty policy ``new`` and take it; what moved.
+
+        The order is :func:`~kvoffload.policies.switching.switch_resident_set`'s (documented
+        there), call for call, so a switch decides the same either way: the ready blocks in
+        the old policy's eviction order (drained from it), then the ready ones it would not
+        give up, each entered as a completed store (inserted pending, made evictable); then
+        the pinned ones, entered so and pinned again (``mark_non_evictable``, their pin
+        counts kept); then the pending ones, inserted pending (their completions reach
+        ``new``). The statuses, so the slots and the pool's counts, are unchanged. Every
+        call on ``new`` gets ``ctx``, and its ``on_request_finished`` at the end; the old
+        policy is cleared. Raises before anything changes when ``new`` is not empty or is
+        too small, or the old policy keeps no block table.
+        """
+        old = self.policy
+        statuses, _ = resident_statuses(old, new, None)
+        drained = drain_in_eviction_order(old)
+        insert, mark_evictable = new.insert, new.mark_evictable
+
+        def enter_ready(key: OffloadKey, status: BlockStatus) -> None:
+            status.ref_cnt = -1
+            insert(key, status, ctx)
+            status.ref_cnt = 0
+            mark_evictable(key)
+
+        moved = set()
+        for key, status in drained:
+            moved.add(key)
+            enter_ready(key, status)
+        rest = [(key, status) for key, status in statuses.items() if key not in moved]
+        kept = pinned = pending = 0
+        for key, status in rest:  # ready blocks old would not give up (its own pins)
+            if status.ref_cnt == 0:
+                enter_ready(key, status)
+                kept += 1
+        for key, status in rest:
+            if status.ref_cnt > 0:
+                count = status.ref_cnt
+                enter_ready(key, status)
+                status.ref_cnt = count
+                new.mark_non_evictable(key)
+                pinned += 1
+        for key, status in rest:
+            if status.ref_cnt < 0:
+                insert(key, status, ctx)
+                pending += 1
+        old.clear()
+        if ctx is not None:
+            new.on_request_finished(ctx)
+        self.bind(new)
+        return SwitchReport(len(drained) + kept, pinned, pending)
 
     # ------------------------------------------------------------------ blocks mode
     def access_each(
