@@ -22,12 +22,20 @@ def test_env_var_wins_then_the_nearest_shared_folder_above(
     checkout = tmp_path / "a" / "b" / "repo"
     checkout.mkdir(parents=True)
     monkeypatch.delenv(TRACE_ENV, raising=False)
+    # The temporary folder's own ancestors (e.g. a /tmp/shared a user made) are outside the test's
+    # control: when one holds the trace, that is the right answer for "nothing in tmp_path".
+    outside = [
+        folder / "shared" / "traces" / TRACE_NAME
+        for folder in tmp_path.resolve().parents
+        if (folder / "shared" / "traces" / TRACE_NAME).is_file()
+    ]
     # Nothing anywhere: the expected place beside the checkout, so a message can name it.
-    assert shared_trace_path(checkout) == tmp_path / "a" / "b" / "shared" / "traces" / TRACE_NAME
+    beside = tmp_path.resolve() / "a" / "b" / "shared" / "traces" / TRACE_NAME
+    assert shared_trace_path(checkout) == (outside[0] if outside else beside)
     far = tmp_path / "shared" / "traces" / TRACE_NAME
     far.parent.mkdir(parents=True)
     far.write_text("{}\n")
-    assert shared_trace_path(checkout) == far  # found two folders up (e.g. a worktree)
+    assert shared_trace_path(checkout) == far.resolve()  # found two folders up (e.g. a worktree)
     mine = tmp_path / "mine.jsonl"
     monkeypatch.setenv(TRACE_ENV, str(mine))
     assert shared_trace_path(checkout) == mine  # the variable wins, even if the file is absent
