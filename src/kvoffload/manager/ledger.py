@@ -31,7 +31,7 @@ from kvoffload.keys import OffloadKey
 from kvoffload.manager.api import LookupResult
 from kvoffload.manager.pool import SlotPool
 from kvoffload.policies import BlockStatus, CachePolicy, SwitchReport, Victims
-from kvoffload.policies.switching import drain_in_eviction_order, resident_statuses
+from kvoffload.policies.switching import switch_resident_set
 
 _MISS = LookupResult.MISS
 _HIT = LookupResult.HIT
@@ -294,54 +294,15 @@ class BlockLedger:
     def replace_policy(self, new: CachePolicy, ctx: ReqContext | None) -> SwitchReport:
         """Move every block into the empty policy ``new`` and take it; what moved.
 
-        The order is :func:`~kvoffload.policies.switching.switch_resident_set`'s (documented
-        there), call for call, so a switch decides the same either way: the ready blocks in
-        the old policy's eviction order (drained from it), then the ready ones it would not
-        give up, each entered as a completed store (inserted pending, made evictable); then
-        the pinned ones, entered so and pinned again (``mark_non_evictable``, their pin
-        counts kept); then the pending ones, inserted pending (their completions reach
-        ``new``). The statuses, so the slots and the pool's counts, are unchanged. Every
-        call on ``new`` gets ``ctx``, and its ``on_request_finished`` at the end; the old
-        policy is cleared. Raises before anything changes when ``new`` is not empty or is
-        too small, or the old policy keeps no block table.
+        The move is :func:`~kvoffload.policies.switching.switch_resident_set` (its order is
+        documented there): the statuses, so the slots, pins and the pool's counts, are
+        unchanged; every call on ``new`` gets ``ctx``; the old policy is cleared. Raises
+        before anything changes when ``new`` is not empty or is too small, or the old policy
+        keeps no block table.
         """
-        old = self.policy
-        statuses, _ = resident_statuses(old, new, None)
-        drained = drain_in_eviction_order(old)
-        insert, mark_evictable = new.insert, new.mark_evictable
-
-        def enter_ready(key: OffloadKey, status: BlockStatus) -> None:
-            status.ref_cnt = -1
-            insert(key, status, ctx)
-            status.ref_cnt = 0
-            mark_evictable(key)
-
-        moved = set()
-        for key, status in drained:
-            moved.add(key)
-            enter_ready(key, status)
-        rest = [(key, status) for key, status in statuses.items() if key not in moved]
-        kept = pinned = pending = 0
-        for key, status in rest:  # ready blocks old would not give up (its own pins)
-            if status.ref_cnt == 0:
-                enter_ready(key, status)
-                kept += 1
-        for key, status in rest:
-            if status.ref_cnt > 0:
-                count = status.ref_cnt
-                enter_ready(key, status)
-                status.ref_cnt = count
-                new.mark_non_evictable(key)
-                pinned += 1
-        for key, status in rest:
-            if status.ref_cnt < 0:
-                insert(key, status, ctx)
-                pending += 1
-        old.clear()
-        if ctx is not None:
-            new.on_request_finished(ctx)
+        report = switch_resident_set(self.policy, new, req_context=ctx)
         self.bind(new)
-        return SwitchReport(len(drained) + kept, pinned, pending)
+        return report
 
     # ------------------------------------------------------------------ blocks mode
     def access_each(
