@@ -12,6 +12,7 @@ from kvoffload.manager import LookupResult
 from kvoffload.manager.ledger import BlockLedger
 from kvoffload.policies.base import Victims
 from kvoffload.policies.lru import LRUCachePolicy
+from kvoffload.policies.switching import switch_resident_set
 
 
 class Journal(LRUCachePolicy):
@@ -153,3 +154,38 @@ def test_the_cpu_managers_face_for_tiers_pins_without_loads_and_promotes_without
     assert m.get_stats().evictable_blocks == 1 and m.slot_of(k(2)) is None
     assert m.prepare_store([k(2)], ctx) is not None  # a store: admission rejects it
     assert m.get_stats().admission_rejects == 1 and m.stores_in_flight([k(2)], ctx) == []
+
+
+def _busy_ledger() -> BlockLedger:
+    """Ready blocks touched out of order, one pinned twice, one being written."""
+    ledger = BlockLedger(Journal(6), 6)
+    ledger.reserve([k(1), k(2), k(3), k(4), k(5)], None)
+    ledger.complete([k(1), k(2), k(3), k(4)])
+    ledger.access(None, [k(2), k(1)], None)
+    status = ledger.get(k(3))
+    assert status is not None
+    ledger.pin([k(3), k(3)], [status, status])
+    return ledger
+
+
+def test_replace_policy_moves_the_blocks_as_switch_resident_set_does() -> None:
+    ledger, bare = _busy_ledger(), _busy_ledger()
+    counts = (ledger.pool.num_evictable, ledger.pool.num_pending, ledger.num_free)
+    new, bare_new = Journal(6), Journal(6)
+    ctx = ReqContext(req_id="switch", timestamp=5.0)
+    report = ledger.replace_policy(new, ctx)
+    assert report == switch_resident_set(bare.policy, bare_new, req_context=ctx)
+    assert (report.evictable, report.pinned, report.pending) == (3, 1, 1)
+    assert new.calls == bare_new.calls  # call for call, in the same order
+    assert ledger.policy is new and ledger.get == new.block_table.get  # type: ignore[union-attr]
+    assert (ledger.pool.num_evictable, ledger.pool.num_pending, ledger.num_free) == counts
+    assert ledger.get(k(3)).ref_cnt == 2 and ledger.get(k(5)).ref_cnt == -1  # type: ignore[union-attr]
+    ledger.complete([k(5)])
+    ledger.unpin([k(3), k(3)])
+    old_order = [key for key, _ in _busy_ledger().policy.evict(3, ()) or ()]
+    assert len(old_order) == 3  # the ready blocks, in the old policy's eviction order:
+    assert ledger.make_room(6, ()) == [*old_order, k(5), k(3)]  # then as released
+    failing, full = _busy_ledger(), _busy_ledger().policy
+    with pytest.raises(ValueError, match="empty policy"):
+        failing.replace_policy(full, None)
+    assert failing.policy is not full and len(failing.policy.block_table or ()) == 5

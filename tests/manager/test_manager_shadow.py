@@ -9,7 +9,8 @@ import pytest
 from kvoffload import CPUOffloadingManager, LookupResult, ReqContext
 from kvoffload.keys import OffloadKey, make_offload_key
 from kvoffload.manager.observers import AccessObserver
-from kvoffload.selection import CandidateSpec, ShadowEvaluator
+from kvoffload.policies.spec import PolicySpec
+from kvoffload.selection import ShadowEvaluator
 from kvoffload.sim.drive import access_blocks
 
 
@@ -29,7 +30,9 @@ def _stream(n: int, seed: int = 7) -> list[int]:
     return out
 
 
-def _shadows(capacity: int, candidates: list[CandidateSpec], rate: float) -> list[AccessObserver]:
+def _shadows(
+    capacity: int, candidates: list[PolicySpec | str], rate: float
+) -> list[AccessObserver]:
     return [ShadowEvaluator(capacity, candidates, sample_rate=rate, min_shadow_blocks=0)]
 
 

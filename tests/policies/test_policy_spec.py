@@ -6,7 +6,7 @@ import pytest
 
 from kvoffload.policies import PolicySpec, create_cache_policy
 from kvoffload.selection.auto import AutoCachePolicy
-from kvoffload.selection.shadow import candidate_name
+from kvoffload.selection.shadow import ShadowEvaluator
 from kvoffload.sim import replay
 
 
@@ -15,14 +15,36 @@ def test_the_replay_and_the_policies_name_one_type() -> None:
 
 
 @pytest.mark.parametrize(
-    "spelled",
-    ["arc", ("mq", {}), ("kvaware", {"decay_window": 64, "a": 1}), ["lru", {"x": 2}]],
+    ("spelled", "label"),
+    [
+        ("arc", "arc"),
+        (("mq", {}), "mq"),
+        (("kvaware", {"decay_window": 64, "a": 1}), "kvaware(a=1, decay_window=64)"),
+        (["lru", {"x": 2}], "lru(x=2)"),
+    ],
 )
-def test_every_spelling_parses_to_one_spec_with_the_shadows_label(spelled: object) -> None:
+def test_every_spelling_parses_to_one_spec_with_the_shadows_label(
+    spelled: object, label: str
+) -> None:
     spec = PolicySpec.parse(spelled)
     assert PolicySpec.parse(spec) is spec
-    assert spec.label == candidate_name(spec.as_candidate())  # type: ignore[arg-type]
+    assert spec.label == label
     assert PolicySpec.parse(spec.as_candidate()) == spec
+
+
+def test_the_shadows_take_every_spelling_and_label_each_by_its_spec() -> None:
+    """A spec is a shadow candidate as it is (it was a TypeError), beside names and pairs."""
+    shadows = ShadowEvaluator(
+        64,
+        [PolicySpec.of("mq", params={"lifetime": 7}), "arc", ("lru", {})],
+        sample_rate=1.0,
+    )
+    assert shadows.names == ["mq(lifetime=7)", "arc", "lru"]
+    assert list(shadows.estimates()) == shadows.names
+    with pytest.raises(ValueError, match="distinct"):
+        ShadowEvaluator(64, [PolicySpec("arc"), "arc"])
+    with pytest.raises(TypeError, match="a candidate must be a policy name"):
+        ShadowEvaluator(64, [("arc", 1)])  # type: ignore[list-item]
 
 
 def test_lists_and_their_errors() -> None:

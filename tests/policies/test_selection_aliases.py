@@ -14,7 +14,7 @@ from kvoffload.policies import create_cache_policy
     ("old", "new", "name"),
     [
         ("kvoffload.policies.shadow", "kvoffload.selection.shadow", "ShadowEvaluator"),
-        ("kvoffload.policies.shadow", "kvoffload.selection.shadow", "candidate_name"),
+        ("kvoffload.policies.shadow", "kvoffload.selection.shadow", "sample_hash"),
         ("kvoffload.policies.auto", "kvoffload.selection.auto", "AutoCachePolicy"),
         ("kvoffload.policies.switching", "kvoffload.selection.switching", "warm_switch"),
     ],

@@ -36,7 +36,6 @@ from kvoffload.policies import (
     CachePolicy,
     SwitchReport,
     create_cache_policy,
-    switch_resident_set,
 )
 
 logger = logging.getLogger(__name__)
@@ -157,7 +156,7 @@ class CPUOffloadingManager(OffloadingManager):
         ``cache_policy`` is a name (with ``params`` for its constructor, as
         ``cache_policy_params`` at construction) or a fresh, empty ``CachePolicy`` holding
         ``num_blocks``. The resident set moves into the new policy in the old one's eviction
-        order (:func:`~kvoffload.policies.switching.switch_resident_set`): the block the old
+        order (:meth:`~kvoffload.manager.ledger.BlockLedger.replace_policy`): the block the old
         policy would have evicted first is the new one's first victim too; pinned and pending
         blocks stay protected (their completions reach the new policy as usual). The current
         policy must keep a ``block_table`` (every built-in does). Raises before anything
@@ -193,7 +192,7 @@ class CPUOffloadingManager(OffloadingManager):
             )
         if req_context is None:
             req_context = ReqContext(req_id="kvoffload-switch", timestamp=self._last_timestamp)
-        report = switch_resident_set(old, new, req_context=req_context)
+        report = self._ledger.replace_policy(new, req_context)
         self._bind_policy(new)
         self._counters.policy_switches += 1
         logger.info(

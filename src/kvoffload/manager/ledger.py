@@ -14,7 +14,9 @@ keeps its blocks here, so the manager-policy protocol is written once:
 * :meth:`BlockLedger.make_room` evicts only what a store needs, never a protected key;
 * :meth:`BlockLedger.access` touches each key once per request (the request's ``touched``
   set), and :meth:`BlockLedger.access_each` makes a run of independent one-block accesses
-  in one call (the simulator's blocks mode, libCacheSim's model).
+  in one call (the simulator's blocks mode, libCacheSim's model);
+* :meth:`BlockLedger.replace_policy` moves every block into a new policy (a manager's
+  ``switch_policy``), each entering through the same edges, so no block and no pin is lost.
 
 The ledger checks nothing a caller's bug could break: callers validate keys and requests
 first (the manager does, with messages in its own words).
@@ -28,7 +30,8 @@ from kvoffload.context import ReqContext
 from kvoffload.keys import OffloadKey
 from kvoffload.manager.api import LookupResult
 from kvoffload.manager.pool import SlotPool
-from kvoffload.policies import BlockStatus, CachePolicy, Victims
+from kvoffload.policies import BlockStatus, CachePolicy, SwitchReport, Victims
+from kvoffload.policies.switching import switch_resident_set
 
 _MISS = LookupResult.MISS
 _HIT = LookupResult.HIT
@@ -286,6 +289,20 @@ class BlockLedger:
         table: Mapping[OffloadKey, BlockStatus] | None = self.policy.block_table
         stored = [status.block_id for status in table.values()] if table is not None else []
         self.pool.restore(statuses, stored)
+
+    # ------------------------------------------------------------------ switches
+    def replace_policy(self, new: CachePolicy, ctx: ReqContext | None) -> SwitchReport:
+        """Move every block into the empty policy ``new`` and take it; what moved.
+
+        The move is :func:`~kvoffload.policies.switching.switch_resident_set` (its order is
+        documented there): the statuses, so the slots, pins and the pool's counts, are
+        unchanged; every call on ``new`` gets ``ctx``; the old policy is cleared. Raises
+        before anything changes when ``new`` is not empty or is too small, or the old policy
+        keeps no block table.
+        """
+        report = switch_resident_set(self.policy, new, req_context=ctx)
+        self.bind(new)
+        return report
 
     # ------------------------------------------------------------------ blocks mode
     def access_each(

@@ -3,9 +3,9 @@
 One type for "a policy and its parameters" wherever one is named: a replay's policy
 (``kvoffload.sim.replay``), ``auto``'s candidates, a shadow. Why at this floor: the
 simulator above and the policies that pick among others (``auto``) both need it, and the
-policies may not import the simulator. The shadows' own spelling of a candidate (a name, or a
-``(name, params)`` pair) is what :meth:`PolicySpec.parse` reads and :meth:`as_candidate`
-writes.
+policies may not import the simulator. The short spellings of a candidate that callers pass (a name,
+or a ``(name, params)`` pair) are read once, by :meth:`PolicySpec.parse`, where they enter
+(``auto``, the shadows); :attr:`PolicySpec.label` is every printed and recorded name.
 """
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ class PolicySpec:
         return dict(self.params)
 
     def as_candidate(self) -> str | tuple[str, dict[str, Any]]:
-        """The shadows' spelling: the name alone, or ``(name, params)``."""
+        """The short spelling :meth:`parse` reads back: the name, or ``(name, params)``."""
         return (self.name, self.param_dict) if self.params else self.name
 
 

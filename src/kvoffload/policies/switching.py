@@ -21,9 +21,11 @@ does):
 
 :func:`kvoffload.selection.switching.warm_switch` does the same move after replaying a recent
 access log into ``new``, so that it starts with the state (ghosts, frequencies, reuse classes)
-it would have learned. The move is here, at the policies' floor, because a manager's
-``switch_policy`` makes it too; choosing a policy and warming it up is selection's
-(:mod:`kvoffload.selection`, above the manager).
+it would have learned. The move is here, at the policies' floor, for two bare policies; a
+manager's ``switch_policy`` makes the same calls through its ledger
+(:meth:`kvoffload.manager.ledger.BlockLedger.replace_policy`, with this module's drain and
+checks); choosing a policy and warming it up is selection's (:mod:`kvoffload.selection`,
+above the manager).
 
 The blocks' :class:`BlockStatus` objects move as they are (they are shared with the manager),
 so slots and pin counts are unchanged. The old policy is cleared at the end: it is consumed.

@@ -18,11 +18,8 @@ from __future__ import annotations
 
 from kvoffload.selection.auto import DEFAULT_CANDIDATES, AutoCachePolicy, PolicySwitch
 from kvoffload.selection.shadow import (
-    CandidateSpec,
     ShadowEstimate,
     ShadowEvaluator,
-    candidate_name,
-    split_candidate,
 )
 from kvoffload.selection.switching import (
     HistoryEntry,
@@ -34,14 +31,11 @@ from kvoffload.selection.switching import (
 __all__ = [
     "DEFAULT_CANDIDATES",
     "AutoCachePolicy",
-    "CandidateSpec",
     "HistoryEntry",
     "PolicySwitch",
     "ShadowEstimate",
     "ShadowEvaluator",
     "SwitchReport",
-    "candidate_name",
-    "split_candidate",
     "switch_resident_set",
     "warm_switch",
 ]

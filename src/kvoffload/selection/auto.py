@@ -55,7 +55,6 @@ from kvoffload.policies.base import BlockStatus, CachePolicy
 from kvoffload.policies.factory import create_cache_policy
 from kvoffload.policies.spec import PolicySpec
 from kvoffload.selection.shadow import (
-    CandidateSpec,
     ShadowEvaluator,
     copy_context,
     refresh_context,
@@ -114,7 +113,8 @@ class AutoCachePolicy(CachePolicy):
     def __init__(
         self,
         cache_capacity: int,
-        candidates: str | Sequence[CandidateSpec | PolicySpec] = DEFAULT_CANDIDATES,
+        candidates: str
+        | Sequence[PolicySpec | str | tuple[str, Mapping[str, object]]] = DEFAULT_CANDIDATES,
         sample_rate: float = 0.01,
         min_shadow_blocks: int = 1024,
         window: int = 100,
@@ -161,7 +161,7 @@ class AutoCachePolicy(CachePolicy):
         self._specs = specs
         self._shadows = ShadowEvaluator(
             cache_capacity,
-            [spec.as_candidate() for spec in specs],
+            specs,
             sample_rate,
             min_shadow_blocks,
             window,

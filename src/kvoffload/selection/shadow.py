@@ -64,6 +64,7 @@ from kvoffload.manager.api import LookupResult
 from kvoffload.manager.ledger import BlockLedger
 from kvoffload.policies.base import BlockStatus, CachePolicy
 from kvoffload.policies.factory import create_cache_policy, get_cache_policy_cls
+from kvoffload.policies.spec import PolicySpec
 
 _HASH_SPACE = 1 << 32
 _MIX = 0x9E3779B1  # odd multiplier: breaks CRC32's linearity over consecutive ids
@@ -83,8 +84,6 @@ def sampling_rate(capacity: int, sample_rate: float, min_shadow_blocks: int) -> 
         return 1.0
     return min(1.0, max(sample_rate, min_shadow_blocks / capacity))
 
-
-CandidateSpec = str | tuple[str, Mapping[str, object]]
 
 #: How a miniature is driven: ``requests`` as the manager drives the real policy (each call's
 #: keys touched at once, the prefix pinned, the misses stored as one batch with the call's
@@ -108,32 +107,6 @@ def scaled_params(
         if isinstance(value, int) and not isinstance(value, bool):
             out[attr] = max(1, round(value * rate))
     return out
-
-
-def candidate_name(spec: CandidateSpec) -> str:
-    """A candidate's label: its policy name (params make it ``name(k=v, ...)``)."""
-    if isinstance(spec, str):
-        return spec
-    name, params = spec
-    if not params:
-        return name
-    return f"{name}({', '.join(f'{k}={v}' for k, v in sorted(params.items()))})"
-
-
-def split_candidate(spec: object) -> tuple[str, dict[str, object]]:
-    """A candidate spec as ``(name, params)``; ``TypeError`` for anything else."""
-    if isinstance(spec, str) and spec:
-        return spec, {}
-    if (
-        isinstance(spec, (tuple, list))
-        and len(spec) == 2
-        and isinstance(spec[0], str)
-        and isinstance(spec[1], Mapping)
-    ):
-        return spec[0], dict(spec[1])
-    raise TypeError(
-        f"a candidate must be a policy name or a (name, params mapping) pair, got {spec!r}"
-    )
 
 
 class _Miniature:
@@ -293,7 +266,10 @@ class ShadowEvaluator:
 
     Args:
         capacity: the real cache's capacity in blocks.
-        candidates: policy names, or ``(name, params)`` pairs, to evaluate.
+        candidates: the policies to evaluate: :class:`~kvoffload.policies.spec.PolicySpec`
+            values, or what :meth:`~kvoffload.policies.spec.PolicySpec.parse` reads (a
+            policy name, a ``(name, params)`` pair); each is labelled by its spec's
+            :attr:`~kvoffload.policies.spec.PolicySpec.label`.
         sample_rate: share of the key space sampled (SHARDS rate), in (0, 1].
         min_shadow_blocks: raise the rate so a miniature holds at least this many blocks.
         window: sampled accesses per window of the recent estimate.
@@ -309,7 +285,7 @@ class ShadowEvaluator:
     def __init__(
         self,
         capacity: int,
-        candidates: Sequence[CandidateSpec],
+        candidates: Sequence[PolicySpec | str | tuple[str, Mapping[str, object]]],
         sample_rate: float = 0.01,
         min_shadow_blocks: int = 0,
         window: int = 1000,
@@ -336,21 +312,21 @@ class ShadowEvaluator:
         self.rate = sampling_rate(capacity, self.sample_rate, self.min_shadow_blocks)
         self.threshold = min(_HASH_SPACE, int(self.rate * _HASH_SPACE))
         self.shadow_capacity = max(1, round(capacity * self.rate)) if capacity else 0
-        specs = [split_candidate(spec) for spec in candidates]
-        self.names = [candidate_name((name, params)) for name, params in specs]
+        specs = [PolicySpec.parse(spec) for spec in candidates]
+        self.names = [spec.label for spec in specs]
         if len(set(self.names)) != len(self.names):
             raise ValueError(f"candidates must be distinct, got {self.names}")
         self._minis = [
             _Miniature(
                 label,
                 create_cache_policy(
-                    name,
+                    spec.name,
                     self.shadow_capacity,
                     None,
-                    scaled_params(name, params, capacity, self.rate),
+                    scaled_params(spec.name, spec.param_dict, capacity, self.rate),
                 ),
             )
-            for label, (name, params) in zip(self.names, specs, strict=True)
+            for label, spec in zip(self.names, specs, strict=True)
         ]
         self._id = id(self)
         self.accesses = 0  # sampled accesses
@@ -594,14 +570,11 @@ class ShadowEvaluator:
 
 __all__ = [
     "PROTOCOLS",
-    "CandidateSpec",
     "ShadowEstimate",
     "ShadowEvaluator",
-    "candidate_name",
     "copy_context",
     "refresh_context",
     "sample_hash",
     "sampling_rate",
     "scaled_params",
-    "split_candidate",
 ]

@@ -1,10 +1,10 @@
 """Warm switching: a new policy replays the recent accesses before it takes the resident set.
 
 The move itself (:func:`~kvoffload.policies.switching.switch_resident_set`, the blocks in the
-old policy's eviction order, pins and pending writes kept) is at the policies' floor, where a
-manager's ``switch_policy`` uses it; :func:`warm_switch` is selection's: ``auto`` calls it
-when its shadows favour another candidate. The move's names are re-exported here, so
-everything about switching is reachable from :mod:`kvoffload.selection`.
+old policy's eviction order, pins and pending writes kept) is at the policies' floor (a
+manager's ``switch_policy`` makes it through its ledger); :func:`warm_switch` is selection's:
+``auto`` calls it when its shadows favour another candidate. The move's names are
+re-exported here, so everything about switching is reachable from :mod:`kvoffload.selection`.
 """
 
 from __future__ import annotations

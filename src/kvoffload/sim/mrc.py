@@ -518,10 +518,9 @@ def _sampled_once(
     measure_from: int,
 ) -> tuple[dict[str, float], float]:
     """One sample's estimates at one capacity (every policy on the same sampled keys)."""
-    candidates = [(spec.name, dict(spec.params)) for spec in policies]
     shadow = ShadowEvaluator(
         capacity,
-        candidates,
+        policies,
         sample_rate=sample_rate,
         min_shadow_blocks=min_blocks,
         window=1 << 62,
@@ -642,7 +641,7 @@ def sampled_curve(
     exact: list[float] = []
     if lru_control:
         lru = PolicySpec("lru")
-        if all(_label(spec) != _label(lru) for spec in fed):
+        if all(spec.label != lru.label for spec in fed):
             fed.append(lru)
         exact = [p.block_hit_ratio for p in exact_lru_curve(trace, capacities, measure).points]
     for salt in range(salts):
@@ -652,7 +651,7 @@ def sampled_curve(
                 trace, fed, cap.blocks, draw, mode, rate, min_blocks, first
             )
             if lru_control:
-                shift = estimates[_label(PolicySpec("lru"))] - exact[j]
+                shift = estimates[PolicySpec("lru").label] - exact[j]
                 estimates = {name: value - shift for name, value in estimates.items()}
             runs_by_cap[j].append((estimates, used))
         del draw
@@ -660,7 +659,7 @@ def sampled_curve(
     for cap, runs in zip(capacities, runs_by_cap, strict=True):
         rate = runs[0][1]
         for spec in policies:
-            name = _label(spec)
+            name = spec.label
             values = [estimates[name] for estimates, _ in runs]
             mean = statistics.fmean(values)
             error = statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else None
@@ -680,12 +679,6 @@ def sampled_curve(
                 )
             )
     return Curves(points, [], mode, measure, time.perf_counter() - started)
-
-
-def _label(spec: PolicySpec) -> str:
-    from kvoffload.selection.shadow import candidate_name
-
-    return candidate_name((spec.name, dict(spec.params)))
 
 
 __all__ = [
