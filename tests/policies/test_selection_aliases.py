@@ -39,3 +39,17 @@ def test_auto_is_still_a_builtin_resolved_by_name() -> None:
     policy = create_cache_policy("auto", 16, None, {"candidates": "lru,arc"})
     assert isinstance(policy, selection.AutoCachePolicy)
     assert type(policy).__module__ == "kvoffload.selection.auto"
+
+
+def test_a_name_that_did_not_move_is_an_attribute_error_without_a_warning() -> None:
+    import warnings
+
+    import kvoffload.policies.auto as old_auto
+    import kvoffload.policies.switching as switching
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(AttributeError, match="no attribute 'ShadowEvaluator'"):
+            switching.ShadowEvaluator  # noqa: B018 - only warm_switch and HistoryEntry moved
+        with pytest.raises(AttributeError, match="__wrapped__"):
+            old_auto.__wrapped__  # noqa: B018 - dunders are never forwarded

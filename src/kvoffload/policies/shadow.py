@@ -1,20 +1,12 @@
 """Deprecated alias of :mod:`kvoffload.selection.shadow` (moved there with the rest of selection).
 
-Names are looked up in the new module when asked for, with a ``DeprecationWarning``: the
-policies' floor may not import selection, which sits above the manager. Import from
-``kvoffload.selection.shadow`` (or ``kvoffload.selection``) instead.
+Import from ``kvoffload.selection.shadow`` (or ``kvoffload.selection``) instead: the policies'
+floor may not import selection, which sits above the manager, so the names are looked up
+there when asked for, with a ``DeprecationWarning``.
 """
 
 from __future__ import annotations
 
-import importlib
-import warnings
+from kvoffload._moved import moved_names
 
-_NEW = "kvoffload.selection.shadow"
-
-
-def __getattr__(name: str) -> object:
-    if name.startswith("__"):
-        raise AttributeError(name)
-    warnings.warn(f"{__name__} moved to {_NEW}", DeprecationWarning, stacklevel=2)
-    return getattr(importlib.import_module(_NEW), name)
+__getattr__ = moved_names(__name__, "kvoffload.selection.shadow")

@@ -38,6 +38,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from kvoffload._moved import moved_names
 from kvoffload.context import ReqContext
 from kvoffload.keys import OffloadKey
 from kvoffload.policies.base import BlockStatus, CachePolicy
@@ -169,21 +170,11 @@ def insert_ready(
     policy.mark_evictable(key)
 
 
-def __getattr__(name: str) -> object:
-    """``warm_switch`` and ``HistoryEntry`` moved to :mod:`kvoffload.selection.switching`:
-    a deprecated alias (a warning), imported when asked for, since selection sits above
-    this floor."""
-    if name in ("warm_switch", "HistoryEntry"):
-        import importlib
-        import warnings
-
-        warnings.warn(
-            f"kvoffload.policies.switching.{name} moved to kvoffload.selection.switching",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return getattr(importlib.import_module("kvoffload.selection.switching"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+#: ``warm_switch`` and ``HistoryEntry`` moved to :mod:`kvoffload.selection.switching` (above
+#: this floor): deprecated aliases, with a warning.
+__getattr__ = moved_names(
+    __name__, "kvoffload.selection.switching", ("warm_switch", "HistoryEntry")
+)
 
 
 __all__ = [
