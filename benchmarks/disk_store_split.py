@@ -15,6 +15,14 @@ them). System CPU is the kernel's copy into the page cache, the same bytes on bo
 user CPU is what the tier adds (its index and policy, header encoding, checksums, thread
 hand-offs).
 
+Two more sides in each round bound where a gap comes from: ``layout``, the tier's file
+layout written with nothing else (a 4 KiB header page before each block, one vectored write
+per run of ``--batch`` records, one thread), and ``layout+sum``, the same with each block of
+a run checksummed first, as the tier does. Their ratios to the plain write are the columns
+``layout`` and ``+sum``: what the layout costs, and what the checksum adds to it; the rest
+of the tier's gap is its machinery (jobs, threads, index, policy). The four sides take
+turns going first.
+
     python benchmarks/disk_store_split.py
     python benchmarks/disk_store_split.py --block-kib 64,2048 --threads 1,4 --rounds 9
 """
@@ -30,6 +38,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 
 from disk_tier_bandwidth import _keys, _memory
 from kvoffload.tiers import BytearraySlotMemory
@@ -51,6 +60,34 @@ def _plain(memory: BytearraySlotMemory, blocks: int, path: str) -> Sample:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     for view in views:
         os.write(fd, view)
+    os.close(fd)
+    wall = time.perf_counter() - t0
+    u1, s1 = _usage()
+    os.unlink(path)
+    return wall, u1 - u0, s1 - s0
+
+
+def _bare(
+    memory: BytearraySlotMemory,
+    blocks: int,
+    path: str,
+    batch: int,
+    checksum: Callable[[memoryview], int] | None,
+) -> Sample:
+    """The tier's file layout written with nothing else: per run of ``batch`` records one
+    vectored write of (4 KiB header page, block) pairs, in one thread; with ``checksum``,
+    each block of the run hashed first, as the tier does before its write."""
+    views = [memory.slot_view(b) for b in range(blocks)]
+    header = memoryview(bytearray(HEADER_BYTES))
+    u0, s0 = _usage()
+    t0 = time.perf_counter()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    for start in range(0, blocks, batch):
+        run = views[start : start + batch]
+        if checksum is not None:
+            for view in run:
+                checksum(view)
+        os.writev(fd, [part for view in run for part in (header, view)])
     os.close(fd)
     wall = time.perf_counter() - t0
     u1, s1 = _usage()
@@ -97,19 +134,28 @@ def _case(args: argparse.Namespace, base: str, block_kib: int, threads: int) -> 
     slot_bytes = block_kib << 10
     blocks = max(8, (args.total_mib << 20) // slot_bytes)
     memory = _memory(slot_bytes, blocks)
-    plain: list[Sample] = []
-    tier: list[Sample] = []
+    checksum = checksum_function(resolve_checksum(args.checksum))
+    assert checksum is not None
+    sides: dict[str, Callable[[int], Sample]] = {
+        "plain": lambda k: _plain(memory, blocks, os.path.join(base, f"plain{k}.bin")),
+        "layout": lambda k: _bare(
+            memory, blocks, os.path.join(base, f"layout{k}.bin"), args.batch, None
+        ),
+        "layout_checksum": lambda k: _bare(
+            memory, blocks, os.path.join(base, f"summed{k}.bin"), args.batch, checksum
+        ),
+        "tier": lambda k: _tier(
+            memory, blocks, os.path.join(base, f"tier{k}"), args, threads, k + 1
+        ),
+    }
+    names = list(sides)
+    samples: dict[str, list[Sample]] = {name: [] for name in names}
     loads = []
     for k in range(args.rounds):
         loads.append(os.getloadavg()[0])
-        path = os.path.join(base, f"plain{k}.bin")
-        root = os.path.join(base, f"tier{k}")
-        if k % 2:
-            tier.append(_tier(memory, blocks, root, args, threads, k + 1))
-            plain.append(_plain(memory, blocks, path))
-        else:
-            plain.append(_plain(memory, blocks, path))
-            tier.append(_tier(memory, blocks, root, args, threads, k + 1))
+        for name in names[k % len(names) :] + names[: k % len(names)]:  # each goes first in turn
+            samples[name].append(sides[name](k))
+    plain, tier = samples["plain"], samples["tier"]
 
     def medians(samples: list[Sample]) -> dict[str, float]:
         return {
@@ -120,8 +166,6 @@ def _case(args: argparse.Namespace, base: str, block_kib: int, threads: int) -> 
     pairs = list(zip(plain, tier, strict=True))
     # the tier's checksum pass alone over the same blocks, as it meets them: 256 MiB does
     # not fit the CPU caches, so this reads memory (the cache-hot rate is several times it)
-    checksum = checksum_function(resolve_checksum(args.checksum))
-    assert checksum is not None
     c0 = time.process_time()
     for b in range(blocks):
         checksum(memory.slot_view(b))
@@ -130,8 +174,11 @@ def _case(args: argparse.Namespace, base: str, block_kib: int, threads: int) -> 
         "block_kib": block_kib,
         "blocks": blocks,
         "threads": threads,
-        "plain": medians(plain),
-        "tier": medians(tier),
+        **{name: medians(samples[name]) for name in names},
+        "layout_ratio": statistics.median(p[0] for p in plain)
+        / statistics.median(x[0] for x in samples["layout"]),
+        "layout_checksum_ratio": statistics.median(p[0] for p in plain)
+        / statistics.median(x[0] for x in samples["layout_checksum"]),
         "ratio_of_medians": statistics.median(p[0] for p in plain)
         / statistics.median(t[0] for t in tier),
         "median_round_ratio": statistics.median(p[0] / t[0] for p, t in pairs),
@@ -176,7 +223,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(
         f"{'block':>8} {'threads':>7} {'plain wall/user/sys':>21} {'tier wall/user/sys':>21} "
-        f"{'ratio':>6} {'round ratio':>11} {'checksum s':>10} {'load':>5}"
+        f"{'ratio':>6} {'round ratio':>11} {'checksum s':>10} {'layout':>6} {'+sum':>6} "
+        f"{'load':>5}"
     )
     for row in rows:
         p, t = row["plain"], row["tier"]
@@ -186,7 +234,8 @@ def main(argv: list[str] | None = None) -> int:
             f"{p['wall_s']:7.3f}/{p['user_s']:.3f}/{p['sys_s']:.3f} "
             f"{t['wall_s']:7.3f}/{t['user_s']:.3f}/{t['sys_s']:.3f} "
             f"{row['ratio_of_medians']:>6.2f} {row['median_round_ratio']:>11.2f} "
-            f"{row['checksum_cpu_s']:>10.4f} {row['load_average']:>5.1f}"
+            f"{row['checksum_cpu_s']:>10.4f} {row['layout_ratio']:>6.2f} "
+            f"{row['layout_checksum_ratio']:>6.2f} {row['load_average']:>5.1f}"
         )
     return 0
 
