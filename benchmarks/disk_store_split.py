@@ -53,18 +53,28 @@ def _usage() -> tuple[float, float]:
     return r.ru_utime, r.ru_stime
 
 
-def _plain(memory: BytearraySlotMemory, blocks: int, path: str) -> Sample:
-    views = [memory.slot_view(b) for b in range(blocks)]
+def _timed_file(path: str, write: Callable[[int], None]) -> Sample:
+    """Wall, user and system seconds of creating ``path`` and ``write(fd)`` into it; the
+    file is removed after, outside the timed part."""
     u0, s0 = _usage()
     t0 = time.perf_counter()
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    for view in views:
-        os.write(fd, view)
+    write(fd)
     os.close(fd)
     wall = time.perf_counter() - t0
     u1, s1 = _usage()
     os.unlink(path)
     return wall, u1 - u0, s1 - s0
+
+
+def _plain(memory: BytearraySlotMemory, blocks: int, path: str) -> Sample:
+    views = [memory.slot_view(b) for b in range(blocks)]
+
+    def write(fd: int) -> None:
+        for view in views:
+            os.write(fd, view)
+
+    return _timed_file(path, write)
 
 
 def _bare(
@@ -79,20 +89,16 @@ def _bare(
     each block of the run hashed first, as the tier does before its write."""
     views = [memory.slot_view(b) for b in range(blocks)]
     header = memoryview(bytearray(HEADER_BYTES))
-    u0, s0 = _usage()
-    t0 = time.perf_counter()
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    for start in range(0, blocks, batch):
-        run = views[start : start + batch]
-        if checksum is not None:
-            for view in run:
-                checksum(view)
-        os.writev(fd, [part for view in run for part in (header, view)])
-    os.close(fd)
-    wall = time.perf_counter() - t0
-    u1, s1 = _usage()
-    os.unlink(path)
-    return wall, u1 - u0, s1 - s0
+
+    def write(fd: int) -> None:
+        for start in range(0, blocks, batch):
+            run = views[start : start + batch]
+            if checksum is not None:
+                for view in run:
+                    checksum(view)
+            os.writev(fd, [part for view in run for part in (header, view)])
+
+    return _timed_file(path, write)
 
 
 def _tier(
