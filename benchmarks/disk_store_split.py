@@ -196,6 +196,17 @@ def _case(args: argparse.Namespace, base: str, block_kib: int, threads: int) -> 
     }
 
 
+def _positive_ints(parser: argparse.ArgumentParser, option: str, text: str) -> list[int]:
+    """``text``'s comma-separated whole numbers, each at least 1 (else a usage error)."""
+    try:
+        values = [int(part) for part in text.split(",")]
+    except ValueError:
+        parser.error(f"{option} takes whole numbers separated by commas, got {text!r}")
+    if any(value < 1 for value in values):
+        parser.error(f"{option} values must be at least 1, got {text!r}")
+    return values
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dir", default=None, help="where to write (default: a temp dir)")
@@ -210,11 +221,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.rounds < 1 or args.total_mib < 1 or args.batch < 1:
         parser.error("--rounds, --total-mib and --batch must be at least 1")
+    block_sizes = _positive_ints(parser, "--block-kib", args.block_kib)
+    thread_counts = _positive_ints(parser, "--threads", args.threads)
     base = tempfile.mkdtemp(prefix="kvoff-store-split-", dir=args.dir)
     rows = []
     try:
-        for block_kib in (int(x) for x in args.block_kib.split(",")):
-            for threads in (int(x) for x in args.threads.split(",")):
+        for block_kib in block_sizes:
+            for threads in thread_counts:
                 rows.append(_case(args, base, block_kib, threads))
                 print(f"done: {block_kib} KiB, {threads} threads", file=sys.stderr)
     finally:
