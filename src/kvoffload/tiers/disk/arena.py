@@ -27,13 +27,13 @@ from kvoffload.tiers.disk.records import (
     HEADER_BYTES,
     STAMP_BYTES,
     ChecksumKind,
+    HeaderPacker,
     RecordError,
     RecordHeader,
     checksum_function,
     decode_header,
-    encode_header_into,
-    encode_stamp_into,
     is_empty,
+    stamp_bytes,
     stamp_commits,
 )
 
@@ -116,7 +116,7 @@ class Arena:
         self.namespace = namespace
         self.record_bytes = HEADER_BYTES + memory.slot_bytes
         self.durability = durability
-        self._checksum_kind = checksum_kind
+        self._packer = HeaderPacker(namespace, checksum_kind)
         self._checksum_fn = checksum_fn
         # one store write in the kernel at a time: buffered writes to one file serialise on its
         # inode lock anyway, where waiters spin on a CPU the other threads' checksums could use
@@ -143,56 +143,46 @@ class Arena:
         written_ns = time.time_ns()
         if self.durability == "fsync":
             return self._write_run_synced(items, written_ns)
-        pages, body, stamps = self._encode_run(items, written_ns)
-        for k, (crc, write_id) in enumerate(stamps, 1):
-            encode_stamp_into(pages, k * HEADER_BYTES, crc, write_id)
+        _pages, body, _stamps = self._encode_run(items, written_ns, stamped=True)
         first = items[0].arena * self.record_bytes + STAMP_BYTES
         with self._write_lock:
             write_all(self.files, self.fd, body, first, len(items) * self.record_bytes)
         return written_ns
 
     def _encode_run(
-        self, items: list[RunItem], written_ns: int
-    ) -> tuple[bytearray, list[memoryview], list[tuple[int, int]]]:
-        """The header pages of a run of adjacent records (stamps left zero), the buffers of
-        its one sequential write (header fields, payload, ..., last stamp) and each record's
-        (header CRC, write id) for its stamp."""
+        self, items: list[RunItem], written_ns: int, stamped: bool
+    ) -> tuple[bytearray, list[memoryview], list[bytes]]:
+        """The header pages of a run of adjacent records, the buffers of its one sequential
+        write (header fields, payload, ..., last stamp) and each record's stamp, which is in
+        the pages already when ``stamped`` (else those areas stay zero)."""
         slot_view, checksum, ids = self.memory.slot_view, self._checksum_fn, self._write_ids
-        namespace, kind = self.namespace, self._checksum_kind
-        n = len(items)
+        fields_of = self._packer.fields
         # header pages of the run, back to back, then the last record's stamp
-        pages = bytearray(HEADER_BYTES * n + STAMP_BYTES)
+        pages = bytearray(HEADER_BYTES * len(items) + STAMP_BYTES)
         pv = memoryview(pages)
-        stamps: list[tuple[int, int]] = []
-        body: list[memoryview] = []
+        # the first page's stamp area is the previous slot's record's: start after it
+        body: list[memoryview] = [pv[STAMP_BYTES:HEADER_BYTES]]
+        stamps: list[bytes] = []
         offset = 0
         for item in items:
             view = slot_view(item.slot)
             write_id = next(ids)
-            crc = encode_header_into(
-                pages,
-                offset,
-                item.key,
-                namespace,
-                view.nbytes,
-                kind,
-                checksum(view),
-                written_ns,
-                write_id,
-            )
-            stamps.append((crc, write_id))
-            body += (pv[offset : offset + HEADER_BYTES], view)
+            fields, crc = fields_of(item.key, view.nbytes, checksum(view), written_ns, write_id)
+            pages[offset + STAMP_BYTES : offset + STAMP_BYTES + len(fields)] = fields
             offset += HEADER_BYTES
-        # the first page's stamp area is the previous slot's record's: start after it
-        body[0] = pv[STAMP_BYTES:HEADER_BYTES]
-        body.append(pv[n * HEADER_BYTES :])
+            stamp = stamp_bytes(crc, write_id)
+            if stamped:  # in the next page's first bytes: written after this payload
+                pages[offset : offset + len(stamp)] = stamp
+            stamps.append(stamp)
+            # the next page (after the last payload: the pages' tail, its stamp alone)
+            body += (view, pv[offset : offset + HEADER_BYTES])
         return pages, body, stamps
 
     def _write_run_synced(self, items: list[RunItem], written_ns: int) -> int:
         """The ``fsync`` write order: old headers of reused slots zeroed, then headers and
         payloads with zero stamps, then the stamps; a barrier after each step."""
         files, fd, record_bytes = self.files, self.fd, self.record_bytes
-        pages, body, stamps = self._encode_run(items, written_ns)
+        pages, body, stamps = self._encode_run(items, written_ns, stamped=False)
         pv = memoryview(pages)
         first = items[0].arena * record_bytes + STAMP_BYTES
         total = len(items) * record_bytes
@@ -203,11 +193,11 @@ class Arena:
             files.fdatasync(fd)
         write_all(files, fd, body, first, total)
         files.fdatasync(fd)
-        for k, (crc, write_id) in enumerate(stamps, 1):
+        for k, stamp in enumerate(stamps, 1):
             at = k * HEADER_BYTES
-            encode_stamp_into(pages, at, crc, write_id)
-            stamp = pv[at : at + STAMP_BYTES]
-            write_all(files, fd, (stamp,), (items[k - 1].arena + 1) * record_bytes, STAMP_BYTES)
+            pages[at : at + len(stamp)] = stamp
+            area = pv[at : at + STAMP_BYTES]
+            write_all(files, fd, (area,), (items[k - 1].arena + 1) * record_bytes, STAMP_BYTES)
         files.fdatasync(fd)
         return written_ns
 

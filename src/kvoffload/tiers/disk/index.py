@@ -18,7 +18,7 @@ into that slot, where evicting a record and reusing its slot would have worked.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Collection, Iterator
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
 
 from kvoffload.keys import OffloadKey
@@ -180,24 +180,35 @@ class DiskIndex:
         ``None`` when no slot is free (the caller's :meth:`make_room` keeps that from happening
         under a byte budget of whole slots).
         """
-        # the lowest free slot on disk, else one a failed write left, else a fresh one past
-        # every slot the file ever held (inline: this runs once per key stored)
-        if self._free:
-            slot, fresh, backed = heapq.heappop(self._free), False, True
-        elif self._free_unbacked:
-            # not fresh: a failed write may have left a header there (fsync zeroes it first)
-            slot, fresh, backed = heapq.heappop(self._free_unbacked), False, False
-        elif self.high_water < self.max_slots:
-            slot, fresh, backed = self.high_water, True, False
-            self.high_water += 1
-            self.unbacked += 1
-        else:
-            return None
-        (status,) = self._ledger.reserve([key], None)
-        entry = IndexEntry(slot, nbytes, status, 0, False, fresh, backed)
-        self._entries[key] = entry
-        self.reserved_bytes += nbytes
-        return entry
+        entries = self.begin_writes((key,), nbytes)
+        return entries[0] if entries else None
+
+    def begin_writes(self, keys: Sequence[OffloadKey], nbytes: int) -> list[IndexEntry]:
+        """:meth:`begin_write` for each of ``keys`` in order, in one ledger reservation (the
+        same policy inserts as one call per key); entries for the first keys only when the
+        free slots run out."""
+        free_slots = len(self._free) + len(self._free_unbacked) + self.max_slots - self.high_water
+        if len(keys) > free_slots:
+            keys = keys[:free_slots]
+        entries = []
+        table = self._entries
+        for key, status in zip(keys, self._ledger.reserve(keys, None), strict=True):
+            # the lowest free slot on disk, else one a failed write left, else a fresh one
+            # past every slot the file ever held
+            if self._free:
+                slot, fresh, backed = heapq.heappop(self._free), False, True
+            elif self._free_unbacked:
+                # not fresh: a failed write may have left a header there (fsync zeroes it)
+                slot, fresh, backed = heapq.heappop(self._free_unbacked), False, False
+            else:
+                slot, fresh, backed = self.high_water, True, False
+                self.high_water += 1
+                self.unbacked += 1
+            entry = IndexEntry(slot, nbytes, status, 0, False, fresh, backed)
+            table[key] = entry
+            entries.append(entry)
+        self.reserved_bytes += nbytes * len(entries)
+        return entries
 
     def end_write(self, key: OffloadKey, ok: bool, written_ns: int = 0) -> None:
         """A write finished: its bytes count as used (still unreadable until published)."""

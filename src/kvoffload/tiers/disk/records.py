@@ -151,40 +151,74 @@ def encode_header_into(
 ) -> int:
     """Write a header page's fields into ``buf[offset:]`` (zeros there); returns its CRC.
 
-    Why in place: a store of a run of records packs all their header pages (and stamps) into
-    one buffer with no per-record ``bytes`` allocation. The page's first :data:`STAMP_BYTES`
-    (the previous slot's stamp) are not touched.
+    The page's first :data:`STAMP_BYTES` (the previous slot's stamp) are not touched.
     """
-    if len(namespace) != NAMESPACE_BYTES:
-        raise ValueError(f"namespace must be {NAMESPACE_BYTES} bytes, got {len(namespace)}")
     if not 0 < len(key) <= MAX_KEY_BYTES:
         raise ValueError(f"key must be 1..{MAX_KEY_BYTES} bytes, got {len(key)}")
     if offset < 0 or offset + HEADER_BYTES > len(buf):
         raise ValueError(f"no room for a header page at offset {offset} of {len(buf)} bytes")
-    fixed = _FIXED.pack(
-        MAGIC,
-        FORMAT_VERSION,
-        HEADER_BYTES,
-        checksum_kind,
-        0,
-        len(key),
-        payload_len,
-        payload_checksum,
-        written_ns,
-        namespace,
-        write_id,
+    fields, crc = HeaderPacker(namespace, checksum_kind).fields(
+        key, payload_len, payload_checksum, written_ns, write_id
     )
-    crc = zlib.crc32(key, zlib.crc32(fixed))
-    start = offset + _FIELDS  # fields, their CRC and the key in one slice assignment
-    buf[start : _KEY_OFFSET + offset + len(key)] = fixed + _CRC.pack(crc) + key
+    buf[offset + _FIELDS : offset + _FIELDS + len(fields)] = fields
     return crc
 
 
 def encode_stamp_into(buf: bytearray, offset: int, header_crc: int, write_id: int) -> None:
     """Write the commit stamp of the record whose header has ``header_crc`` and ``write_id``."""
-    _STAMP.pack_into(buf, offset, STAMP_MAGIC, FORMAT_VERSION, 0, header_crc, write_id)
-    end = offset + _STAMP.size
-    _CRC.pack_into(buf, end, zlib.crc32(memoryview(buf)[offset:end]))
+    stamp = stamp_bytes(header_crc, write_id)
+    buf[offset : offset + len(stamp)] = stamp
+
+
+def stamp_bytes(header_crc: int, write_id: int) -> bytes:
+    """The commit stamp of the record whose header has ``header_crc`` and ``write_id``, with
+    its own CRC (the rest of the :data:`STAMP_BYTES` area stays zero)."""
+    stamp = _STAMP.pack(STAMP_MAGIC, FORMAT_VERSION, 0, header_crc, write_id)
+    return stamp + _CRC.pack(zlib.crc32(stamp))
+
+
+class HeaderPacker:
+    """Packs the header fields of one arena's records: namespace and checksum kind fixed.
+
+    Why a class: a store packs a header per record, and checking the namespace, converting
+    the checksum kind and binding the module's structs once per arena, not per record, is
+    most of what packing a header costs in Python. The key's length is the caller's to check
+    (the tier refuses longer keys before it packs).
+    """
+
+    __slots__ = ("_kind", "_namespace")
+
+    def __init__(self, namespace: bytes, checksum_kind: ChecksumKind) -> None:
+        if len(namespace) != NAMESPACE_BYTES:
+            raise ValueError(f"namespace must be {NAMESPACE_BYTES} bytes, got {len(namespace)}")
+        self._namespace = bytes(namespace)
+        self._kind = int(checksum_kind)
+
+    def fields(
+        self,
+        key: bytes,
+        payload_len: int,
+        payload_checksum: int,
+        written_ns: int,
+        write_id: int,
+    ) -> tuple[bytes, int]:
+        """The bytes a header page holds after its stamp area (fields, their CRC, the key)
+        and the header's CRC, which the record's stamp names."""
+        fixed = _FIXED.pack(
+            MAGIC,
+            FORMAT_VERSION,
+            HEADER_BYTES,
+            self._kind,
+            0,
+            len(key),
+            payload_len,
+            payload_checksum,
+            written_ns,
+            self._namespace,
+            write_id,
+        )
+        crc = zlib.crc32(key, zlib.crc32(fixed))
+        return fixed + _CRC.pack(crc) + key, crc
 
 
 def stamp_commits(stamp: bytes | bytearray | memoryview, header: RecordHeader) -> bool:
@@ -266,6 +300,7 @@ __all__ = [
     "STAMP_BYTES",
     "STAMP_MAGIC",
     "ChecksumKind",
+    "HeaderPacker",
     "RecordError",
     "RecordHeader",
     "checksum_function",
@@ -275,6 +310,7 @@ __all__ = [
     "encode_stamp_into",
     "is_empty",
     "resolve_checksum",
+    "stamp_bytes",
     "stamp_commits",
     "xxhash_available",
 ]

@@ -267,13 +267,11 @@ class DiskTier(Tier):
                 return runtime.finish(job)
             written: list[int] = []  # indices of keys written, published when the job ends
             job.on_finish = lambda done: self._publish(done, written)
-            limit = self._effective_limit()
             batch = set(keys_t)
             # a set of keys seen so far is only needed when the batch repeats one
             seen: set[OffloadKey] | None = set() if len(batch) != len(keys_t) else None
             index, record_bytes = self._index, self.record_bytes
-            tasks: list[RunItem] = []
-            evictions = 0
+            new: list[tuple[int, OffloadKey, int]] = []  # (index in job, key, host slot)
             for i, (key, slot) in enumerate(zip(keys_t, slots_t, strict=True)):
                 if not isinstance(key, bytes) or not 0 < len(key) <= MAX_KEY_BYTES:
                     self._drop(job, i, "bad_key")
@@ -290,10 +288,22 @@ class DiskTier(Tier):
                     else:
                         self._drop(job, i, "in_flight")
                     continue
-                taken = index.used_bytes + index.reserved_bytes + index.retired_bytes
-                if taken + record_bytes <= limit:
-                    entry = index.begin_write(key, record_bytes)  # fits: nothing to evict
-                else:
+                new.append((i, key, slot))
+            # the keys that fit under the limit as it stands take their slots in one go; each
+            # later key first makes room (in order, as if one at a time: the policy sees the
+            # same inserts before each eviction)
+            limit = self._effective_limit()
+            taken = index.used_bytes + index.reserved_bytes + index.retired_bytes
+            fitting = new[: max(0, (limit - taken) // record_bytes)]
+            entries = index.begin_writes([key for _, key, _ in fitting], record_bytes)
+            tasks = [
+                RunItem(i, key, slot, entry)
+                for (i, key, slot), entry in zip(fitting, entries, strict=False)
+            ]
+            evictions = 0
+            for i, key, slot in new[len(entries) :]:
+                entry = None
+                if len(entries) == len(fitting):  # else the slots ran out: nothing fits
                     victims = index.make_room(record_bytes, limit, batch)
                     entry = None if victims is None else index.begin_write(key, record_bytes)
                     if victims:
