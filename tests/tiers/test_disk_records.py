@@ -15,9 +15,9 @@ from kvoffload.tiers.disk.records import (
     RecordError,
     decode_header,
     encode_header,
-    encode_stamp_into,
     is_empty,
     resolve_checksum,
+    stamp_bytes,
     stamp_commits,
 )
 
@@ -64,9 +64,8 @@ def test_bad_arguments() -> None:
 
 def _stamp_for(raw: bytes) -> bytearray:
     header = decode_header(raw)
-    buf = bytearray(STAMP_BYTES)
-    encode_stamp_into(buf, 0, header.header_crc, header.write_id)
-    return buf
+    stamp = stamp_bytes(header.header_crc, header.write_id)
+    return bytearray(stamp + bytes(STAMP_BYTES - len(stamp)))
 
 
 def test_a_stamp_commits_exactly_its_own_header() -> None:

@@ -131,43 +131,12 @@ def encode_header(
     write_id: int = 0,
 ) -> bytes:
     """The :data:`HEADER_BYTES` header page of a record (stamp area and padding zero)."""
-    buf = bytearray(HEADER_BYTES)
-    encode_header_into(
-        buf, 0, key, namespace, payload_len, checksum_kind, payload_checksum, written_ns, write_id
-    )
-    return bytes(buf)
-
-
-def encode_header_into(
-    buf: bytearray,
-    offset: int,
-    key: bytes,
-    namespace: bytes,
-    payload_len: int,
-    checksum_kind: ChecksumKind,
-    payload_checksum: int,
-    written_ns: int = 0,
-    write_id: int = 0,
-) -> int:
-    """Write a header page's fields into ``buf[offset:]`` (zeros there); returns its CRC.
-
-    The page's first :data:`STAMP_BYTES` (the previous slot's stamp) are not touched.
-    """
     if not 0 < len(key) <= MAX_KEY_BYTES:
         raise ValueError(f"key must be 1..{MAX_KEY_BYTES} bytes, got {len(key)}")
-    if offset < 0 or offset + HEADER_BYTES > len(buf):
-        raise ValueError(f"no room for a header page at offset {offset} of {len(buf)} bytes")
-    fields, crc = HeaderPacker(namespace, checksum_kind).fields(
+    fields, _crc = HeaderPacker(namespace, checksum_kind).fields(
         key, payload_len, payload_checksum, written_ns, write_id
     )
-    buf[offset + _FIELDS : offset + _FIELDS + len(fields)] = fields
-    return crc
-
-
-def encode_stamp_into(buf: bytearray, offset: int, header_crc: int, write_id: int) -> None:
-    """Write the commit stamp of the record whose header has ``header_crc`` and ``write_id``."""
-    stamp = stamp_bytes(header_crc, write_id)
-    buf[offset : offset + len(stamp)] = stamp
+    return bytes(_FIELDS) + fields + bytes(HEADER_BYTES - _FIELDS - len(fields))
 
 
 def stamp_bytes(header_crc: int, write_id: int) -> bytes:
@@ -306,8 +275,6 @@ __all__ = [
     "checksum_function",
     "decode_header",
     "encode_header",
-    "encode_header_into",
-    "encode_stamp_into",
     "is_empty",
     "resolve_checksum",
     "stamp_bytes",
