@@ -209,27 +209,24 @@ class DiskTier(Tier):
         self._health = TierHealth(ok=True)
         self.files.makedirs(self.directory)
         self._lock_fd = lock_arena(self.lock_path)
+        fd = None
         try:
             created = not os.path.exists(self.arena_path)
             with contextlib.suppress(OSError):
                 self._stats["legacy_arena_bytes"] = float(os.path.getsize(self.legacy_arena_path))
-            self._fd = self.files.open_arena(self.arena_path)
+            fd = self._fd = self.files.open_arena(self.arena_path)
             if created and durability == "fsync":
                 self.files.fsync_dir(self.directory)
-        except BaseException:
-            self._runtime.close(0)
-            os.close(self._lock_fd)  # closing the fd drops the lock
-            raise
-        self._arena = Arena(
-            memory, self.files, self._fd, self.namespace, self._checksum_kind, fn, durability
-        )
-        try:
+            self._arena = Arena(
+                memory, self.files, fd, self.namespace, self._checksum_kind, fn, durability
+            )
             self._recover()
         except BaseException:
             self._runtime.close(0)
-            with contextlib.suppress(OSError):
-                self.files.close(self._fd)
-            os.close(self._lock_fd)
+            if fd is not None:
+                with contextlib.suppress(OSError):
+                    self.files.close(fd)
+            os.close(self._lock_fd)  # closing the fd drops the lock
             raise
 
     # ----------------------------------------------------------------- the contract
