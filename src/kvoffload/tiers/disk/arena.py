@@ -124,7 +124,6 @@ class Arena:
         # every record write gets its own id, named by its header and its commit stamp, so
         # an old stamp can never commit a new header (random start: ids differ across runs)
         self._write_ids = itertools.count(int.from_bytes(os.urandom(8), "little") >> 2)
-        self._local = threading.local()
 
     # ----------------------------------------------------------------- stores
 
@@ -275,7 +274,7 @@ class Arena:
         report = ScanReport(slots=slots, cut_slots=max(0, whole - max_slots))
         if size % record_bytes not in (0, STAMP_BYTES):
             report.torn += 1  # a trailing partial slot: a write cut short
-        page = self._header_buffer()
+        page = memoryview(bytearray(HEADER_BYTES))
         pending: tuple[int, RecordHeader] | None = None  # a header waiting for its stamp
         for arena_slot in range(slots + 1):
             offset = arena_slot * record_bytes
@@ -348,13 +347,6 @@ class Arena:
             ):
                 return None
         return header
-
-    def _header_buffer(self) -> memoryview:
-        buf = getattr(self._local, "header", None)
-        if buf is None:
-            buf = memoryview(bytearray(HEADER_BYTES))
-            self._local.header = buf
-        return buf
 
 
 __all__ = ["MAX_RUN", "ZERO_FIELDS", "Arena", "RunItem", "ScanReport", "chunk_runs"]
