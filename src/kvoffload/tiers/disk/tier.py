@@ -5,8 +5,9 @@ free-space floor (vLLM's fs tier has neither and never deletes a file), eviction
 policy with in-flight records pinned, self-describing records whose header is written only after
 the payload (optionally with write barriers), a warm restart that rebuilds the index from the
 file (the LMCache and SGLang restart misses) and erases torn records, a checksum verified on
-every read (a bad record is a counted miss, never data), and per-key I/O tasks on a thread pool
-so one large batch uses every thread (vLLM runs a job serially on one thread).
+every read (a bad record is a counted miss, never data), and I/O tasks on a thread pool, runs
+of adjacent records each, so one large batch uses every thread (vLLM runs a job serially on
+one thread).
 
 Layout: one arena file per namespace and block size, ``<path>/<namespace hex>/arena-<slot
 bytes>.v2.kv`` (the record format's version is in the name; a format 1 arena, ``arena-<slot
@@ -113,7 +114,8 @@ class DiskTier(Tier):
             payloads, then the stamps; survives power loss).
         min_free_bytes: keep at least this many bytes free on the filesystem (the budget
             shrinks when other writers fill the disk).
-        io_threads: I/O threads; each key of a job is its own task.
+        io_threads: I/O threads; a job's records go to them as runs of adjacent arena slots
+            (one vectored system call each), cut so a large job uses every thread.
         checksum: ``"auto"`` (xxh3 when installed, else crc32), ``"xxh3"`` or ``"crc32"``.
         verify_on_scan: also checksum every payload during the start-up scan (slower restart;
             reads verify anyway).
