@@ -12,12 +12,16 @@ comes from its write order: header, payload, commit stamp in one sequential writ
 adjacent records, no barrier); under ``fsync`` the plain file is fsynced once at the end while
 the tier puts ``fdatasync`` barriers into every run of records (reused headers zeroed,
 payloads, stamps), so that ratio measures per-run durability. Ratios are tier / plain; each
-figure is the median of ``--runs`` interleaved runs. Reads hit the page cache for both (the
-files were just written; dropping caches needs root), so they compare CPU paths: the tier's
-header check and checksum per record against plain reads of one file. Beside each store and
-plain write figure: its median wall and CPU seconds (``time.process_time``, all the process's
-threads) and the median one-minute load average at the runs' starts, since load from other
-processes stretches wall time.
+figure is the median of ``--runs`` interleaved runs, the two sides taking turns at going first
+(``--order alternate``, the default): on this project's virtual machines the side that writes
+right after the other has read back and deleted its 256 MiB is often slowed (up to 3-5x in
+system time), so a fixed order would charge that to one side (``--order plain-first`` puts
+the tier there in every run; ``docs/benchmarks.md`` has both). Reads hit the page cache for
+both (the files were just written; dropping caches needs root), so they compare CPU paths:
+the tier's header check and checksum per record against plain reads of one file. Beside each
+store and plain write figure: its median wall and CPU seconds (``time.process_time``, all the
+process's threads) and the median one-minute load average at the runs' starts, since load
+from other processes stretches wall time.
 
 Then the restart scan: a fresh ``DiskTier`` over the written directory, records per second
 (header pages and commit stamps read and checked; payloads are verified on read, not on scan).
@@ -181,6 +185,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=16, help="keys per job")
     parser.add_argument("--threads", type=int, default=4, help="tier I/O threads")
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument(
+        "--order",
+        default="alternate",
+        choices=["alternate", "plain-first"],
+        help="which side runs first in each run: take turns (default) or always the plain one",
+    )
     parser.add_argument("--format", default="table", choices=["table", "json"])
     args = parser.parse_args(argv)
     base = tempfile.mkdtemp(prefix="kvoff-disk-bench-", dir=args.dir)
@@ -199,32 +209,36 @@ def main(argv: list[str] | None = None) -> int:
                 loads = []
                 scan_rates = []
                 salt = 0
-                for _ in range(args.runs):
+                for run in range(args.runs):
                     loads.append(os.getloadavg()[0])
-                    w, r, cpu = _plain(
-                        memory, blocks, os.path.join(base, "plain.bin"), args.durability
-                    )
-                    plain_w.append(w)
-                    plain_r.append(r)
-                    plain_cpu.append(cpu)
-                    for checksum in tier_w:
-                        salt += 1
-                        root = os.path.join(base, f"tier{salt}")
-                        w, r, scan_s, scanned, cpu = _tier_run(
-                            memory,
-                            blocks,
-                            root,
-                            args.durability,
-                            checksum,
-                            args.batch,
-                            args.threads,
-                            salt,
-                        )
-                        shutil.rmtree(root)
-                        tier_w[checksum].append(w)
-                        tier_r[checksum].append(r)
-                        tier_cpu[checksum].append(cpu)
-                        scan_rates.append(scanned / scan_s)
+                    tier_first = args.order == "alternate" and run % 2 == 1
+                    for side in ("tier", "plain") if tier_first else ("plain", "tier"):
+                        if side == "plain":
+                            w, r, cpu = _plain(
+                                memory, blocks, os.path.join(base, "plain.bin"), args.durability
+                            )
+                            plain_w.append(w)
+                            plain_r.append(r)
+                            plain_cpu.append(cpu)
+                            continue
+                        for checksum in tier_w:
+                            salt += 1
+                            root = os.path.join(base, f"tier{salt}")
+                            w, r, scan_s, scanned, cpu = _tier_run(
+                                memory,
+                                blocks,
+                                root,
+                                args.durability,
+                                checksum,
+                                args.batch,
+                                args.threads,
+                                salt,
+                            )
+                            shutil.rmtree(root)
+                            tier_w[checksum].append(w)
+                            tier_r[checksum].append(r)
+                            tier_cpu[checksum].append(cpu)
+                            scan_rates.append(scanned / scan_s)
                 nbytes = slot_bytes * blocks
                 pw, pr = statistics.median(plain_w), statistics.median(plain_r)
                 row = {
