@@ -533,15 +533,21 @@ class CPUOffloadingManager(OffloadingManager):
             if status is None or status.ref_cnt != -1:  # cannot happen unless state was corrupted
                 raise RuntimeError(f"complete_store: key {describe_key(key)} is not being written")
             done.append(key)
+        self._end_writes(done, success)
         if success:
-            ledger.complete(done)
             counters.stores_completed += len(done)
-            if done and self._enable_events:
-                done.reverse()
-                self._events.append(OffloadingEvent(tuple(done)))
         else:
-            ledger.fail(done)
             counters.stores_failed += len(done)
+
+    def _end_writes(self, tail_first: list[OffloadKey], success: bool) -> None:
+        """Pending blocks (tail first) were written: ready, with their event; or they were
+        not: gone, their slots free."""
+        if not success:
+            self._ledger.fail(tail_first)
+            return
+        self._ledger.complete(tail_first)
+        if tail_first and self._enable_events:
+            self._events.append(OffloadingEvent(tuple(reversed(tail_first))))
 
     # ------------------------------------------------------- the face for secondary tiers
     def slot_of(self, key: OffloadKey) -> int | None:
@@ -579,13 +585,7 @@ class CPUOffloadingManager(OffloadingManager):
                     f"complete_promotion: key {describe_key(key)} has no promotion in flight"
                 )
         keys.reverse()
-        if not success:
-            self._ledger.fail(keys)
-            return
-        self._ledger.complete(keys)
-        if keys and self._enable_events:
-            keys.reverse()
-            self._events.append(OffloadingEvent(tuple(keys)))
+        self._end_writes(keys, success)
 
     def pin_copy(self, keys: Iterable[OffloadKey]) -> list[int]:
         """Pin ready blocks while a tier copies them out; their slots. Not a load: no touch,
