@@ -13,7 +13,7 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from kvoffload.keys import OffloadKey
@@ -70,28 +70,6 @@ class RedisRecordIO(RedisTransport):
         for start in range(0, count, step):
             yield range(start, min(count, start + step))
 
-    def _on_socket(
-        self,
-        exchange: Callable[..., list[Any]],
-        names: list[bytes],
-        keys: Sequence[OffloadKey],
-        slots: Sequence[int],
-        piece: range,
-        px: int | None,
-    ) -> list[Any]:
-        """``exchange`` (:meth:`_send_records` or :meth:`_fetch_records`) of a piece's records
-        on one pooled socket (:meth:`_direct_exchange`)."""
-        return self._direct_exchange(
-            len(piece),
-            functools.partial(
-                exchange,
-                names=names,
-                keys=[keys[i] for i in piece],
-                slots=[slots[i] for i in piece],
-                px=px,
-            ),
-        )
-
     def _run_put(
         self, job_id: int, keys: Sequence[OffloadKey], slots: Sequence[int], generation: int
     ) -> TierResult:
@@ -103,7 +81,16 @@ class RedisRecordIO(RedisTransport):
         for piece in self._pieces(len(keys), self.memory.slot_bytes):
             names = [self._name(keys[i]) for i in piece]
             if self._direct is not None:
-                answers = self._on_socket(self._send_records, names, keys, slots, piece, px)
+                answers = self._direct_exchange(
+                    len(piece),
+                    functools.partial(
+                        self._send_records,
+                        names=names,
+                        keys=[keys[i] for i in piece],
+                        slots=[slots[i] for i in piece],
+                        px=px,
+                    ),
+                )
             else:
                 buffers = self._record_buffers(len(piece))
                 records = {
@@ -326,7 +313,16 @@ class RedisRecordIO(RedisTransport):
         for piece in self._pieces(len(keys), self.memory.slot_bytes):
             names = [self._name(keys[i]) for i in piece]
             if self._direct is not None:
-                outcomes = self._on_socket(self._fetch_records, names, keys, slots, piece, px)
+                outcomes = self._direct_exchange(
+                    len(piece),
+                    functools.partial(
+                        self._fetch_records,
+                        names=names,
+                        keys=[keys[i] for i in piece],
+                        slots=[slots[i] for i in piece],
+                        px=px,
+                    ),
+                )
             else:
                 answers = self._pipelined(names, fetch, 2 if px else 1)
                 outcomes = [
