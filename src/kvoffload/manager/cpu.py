@@ -129,9 +129,8 @@ class CPUOffloadingManager(OffloadingManager):
 
     # ----------------------------------------------------------------- the policy
     def _bind_policy(self, policy: CachePolicy) -> None:
-        """Give the ledger ``policy`` (the one place), and keep its status getter (the
-        policy's table's C-level ``get`` when it keeps one) at hand for ``lookup``. Call it
-        whenever the policy changes or is cleared."""
+        """Give the ledger ``policy``, and keep its status getter at hand for ``lookup``.
+        Call it whenever the policy changes or is cleared."""
         ledger = self._ledger
         ledger.bind(policy)
         self._policy = policy
@@ -153,20 +152,14 @@ class CPUOffloadingManager(OffloadingManager):
     ) -> SwitchReport:
         """Replace the eviction policy on the live cache, dropping no block.
 
-        ``cache_policy`` is a name (with ``params`` for its constructor, as
-        ``cache_policy_params`` at construction) or a fresh, empty ``CachePolicy`` holding
-        ``num_blocks``. The resident set moves into the new policy in the old one's eviction
-        order (:meth:`~kvoffload.manager.ledger.BlockLedger.replace_policy`): the block the old
-        policy would have evicted first is the new one's first victim too; pinned and pending
-        blocks stay protected (their completions reach the new policy as usual). The current
-        policy must keep a ``block_table`` (every built-in does). Raises before anything
-        changes when the new policy cannot be built or cannot take the blocks.
+        ``cache_policy`` is a name (with ``params`` for its constructor) or a fresh, empty
+        ``CachePolicy`` holding ``num_blocks``; the blocks move in the old policy's eviction
+        order (:meth:`~kvoffload.manager.ledger.BlockLedger.replace_policy`). Raises before
+        anything changes when the new policy cannot be built or cannot take the blocks.
 
-        The moves are made under ``req_context`` (default: a context stamped with the latest
-        request's ``timestamp``), so a policy that keeps time by the requests' timestamps
-        (``kvaware``) stays on their clock: without one it would count a logical tick per
-        moved block and run ahead of the requests' time for as long as that took to catch up,
-        losing hits all that while.
+        The moves are made under ``req_context`` (default: stamped with the latest request's
+        ``timestamp``), so a policy that keeps time by the requests' timestamps (``kvaware``)
+        stays on their clock instead of counting a tick per moved block.
         """
         self._check_entry()
         if isinstance(cache_policy, CachePolicy):
@@ -207,24 +200,16 @@ class CPUOffloadingManager(OffloadingManager):
 
     # ----------------------------------------------------------------- warm restarts
     def export_state(self) -> bytes:
-        """The cache's state for a warm restart (:meth:`from_state`): the policy's whole
-        state (order, frequencies, ghosts, and the stored keys with their slots) as JSON.
-
-        Jobs in flight, counters, admission offer counts and observers are not in it (see
-        :mod:`kvoffload.manager.state`); the current policy must keep a ``block_table``.
-        """
+        """The cache's state for a warm restart (:meth:`from_state`; what it holds:
+        :mod:`kvoffload.manager.state`)."""
         self._check_entry()
         return encode_manager_state(self.num_blocks, self._policy)
 
     @classmethod
     def from_state(cls, data: bytes | str, **options: Any) -> CPUOffloadingManager:
-        """A manager that resumes the cache :meth:`export_state` saved: the same blocks in the
-        same slots, and a policy that makes the same decisions as the saved one would have.
-
-        ``options`` are the constructor's other arguments (``enable_events``, ``admission``,
-        ``thread_safe``, ``observers``, ...); the capacity and the policy come from
-        ``data``. Blocks that were being written are dropped; pins are released.
-        """
+        """A manager that resumes the cache :meth:`export_state` saved (the same blocks in
+        the same slots, the same decisions); ``options`` are the constructor's other
+        arguments. Blocks that were being written are dropped; pins are released."""
         for name in (
             "num_blocks",
             "cache_policy",
@@ -349,11 +334,8 @@ class CPUOffloadingManager(OffloadingManager):
         statuses = [get(key) for key in keys]
         for key, status in zip(keys, statuses, strict=True):
             if status is None or status.ref_cnt < 0:
-                error = wrong_key_type(key, "prepare_load")
-                if error is not None:
-                    raise error
                 state = "not stored" if status is None else "still being written"
-                raise ValueError(
+                raise wrong_key_type(key, "prepare_load") or ValueError(
                     f"prepare_load: key {describe_key(key)} is {state}; load only keys whose "
                     "lookup returned HIT"
                 )
@@ -551,15 +533,21 @@ class CPUOffloadingManager(OffloadingManager):
             if status is None or status.ref_cnt != -1:  # cannot happen unless state was corrupted
                 raise RuntimeError(f"complete_store: key {describe_key(key)} is not being written")
             done.append(key)
+        self._end_writes(done, success)
         if success:
-            ledger.complete(done)
             counters.stores_completed += len(done)
-            if done and self._enable_events:
-                done.reverse()
-                self._events.append(OffloadingEvent(tuple(done)))
         else:
-            ledger.fail(done)
             counters.stores_failed += len(done)
+
+    def _end_writes(self, tail_first: list[OffloadKey], success: bool) -> None:
+        """Pending blocks (tail first) were written: ready, with their event; or they were
+        not: gone, their slots free."""
+        if not success:
+            self._ledger.fail(tail_first)
+            return
+        self._ledger.complete(tail_first)
+        if tail_first and self._enable_events:
+            self._events.append(OffloadingEvent(tuple(reversed(tail_first))))
 
     # ------------------------------------------------------- the face for secondary tiers
     def slot_of(self, key: OffloadKey) -> int | None:
@@ -577,10 +565,9 @@ class CPUOffloadingManager(OffloadingManager):
     ) -> PrepareStoreOutput | None:
         """Slots for blocks a secondary tier will copy in (a promotion), as pending blocks.
 
-        As :meth:`prepare_store` (every key offered is protected and accessed once), but no
-        admission filter vetoes it (the block earned its place in a tier already) and it is
-        not a store (no ``stores_*`` or ``failed_allocations`` count; no ``complete_store``):
-        :meth:`complete_promotion` ends it. ``None``: no room (nothing changed).
+        As :meth:`prepare_store`, but no admission filter vetoes it (the block earned its
+        place in a tier already) and it counts as no store; :meth:`complete_promotion` ends
+        it. ``None``: no room (nothing changed).
         """
         keys = key_list(keys, "reserve_promotion")
         return self._reserve(keys, ctx, None, "reserve_promotion")
@@ -598,13 +585,7 @@ class CPUOffloadingManager(OffloadingManager):
                     f"complete_promotion: key {describe_key(key)} has no promotion in flight"
                 )
         keys.reverse()
-        if not success:
-            self._ledger.fail(keys)
-            return
-        self._ledger.complete(keys)
-        if keys and self._enable_events:
-            keys.reverse()
-            self._events.append(OffloadingEvent(tuple(keys)))
+        self._end_writes(keys, success)
 
     def pin_copy(self, keys: Iterable[OffloadKey]) -> list[int]:
         """Pin ready blocks while a tier copies them out; their slots. Not a load: no touch,
@@ -626,11 +607,9 @@ class CPUOffloadingManager(OffloadingManager):
 
     def access_each(self, keys: Iterable[OffloadKey], ctx: ReqContext) -> BlockAccesses:
         """Each of ``keys`` as one independent access, in order, in one call (the simulator's
-        blocks mode): a HIT is loaded, a MISS stored, a HIT_PENDING left alone, with the same
-        policy calls, counters and slots as ``lookup`` then ``prepare_load`` +
-        ``complete_load`` or ``prepare_store`` + ``complete_store`` for each key
-        (:func:`kvoffload.sim.drive.access_blocks_by_calls`, which admission filters,
-        events, observers and a recorder need, since this call makes none of their records).
+        blocks mode), with the policy calls, counters and slots of the public calls per key
+        (:func:`kvoffload.sim.drive.access_blocks_by_calls`, which admission filters, events,
+        observers and a recorder need: this call makes none of their records).
         """
         if (
             self._admission is not None
@@ -697,14 +676,12 @@ class CPUOffloadingManager(OffloadingManager):
     def evict_ahead(
         self, n: int, protected: Collection[OffloadKey] = ()
     ) -> list[tuple[OffloadKey, int]]:
-        """Evict up to ``n`` of the policy's next victims now, keeping their bytes in place.
+        """Evict up to ``n`` of the policy's next victims (none of ``protected``) now; their
+        ``(key, slot)`` pairs.
 
         Why: a write-back tier must copy a victim out before its slot is reused, and a store
-        needs its slots at once. The victims leave the cache as on any eviction (lookups
-        miss, counters and events as usual), but each slot stays *held* (neither stored nor
-        free) until :meth:`release_evicted` hands it back. Blocks in ``protected`` are not
-        chosen. Returns ``(key, slot)`` pairs, fewer than ``n`` (maybe none) when fewer
-        blocks are evictable.
+        needs its slots at once. So each slot stays *held* (neither stored nor free) until
+        :meth:`release_evicted` hands it back.
         """
         self._check_entry()
         check_int("n", n, 0)
@@ -727,7 +704,7 @@ class CPUOffloadingManager(OffloadingManager):
     @property
     def free_blocks(self) -> int:
         """Slots a store can take without evicting."""
-        return self._ledger.pool.num_available
+        return self._ledger.num_free
 
     def release_stale_slots(self) -> int:
         """Every job prepared before the last reset is done (say, the worker was drained):
@@ -743,7 +720,6 @@ class CPUOffloadingManager(OffloadingManager):
 
     def get_stats(self) -> OffloadingStats:
         """Counters and gauges (readable from any thread, and after shutdown)."""
-        c = self._counters
         pool = self._ledger.pool
         return OffloadingStats(
             num_blocks=self.num_blocks,
@@ -751,24 +727,10 @@ class CPUOffloadingManager(OffloadingManager):
             pending_blocks=pool.num_pending,
             pinned_blocks=pool.num_pinned,
             evictable_blocks=pool.num_evictable,
-            lookups=c.lookups,
-            hits=c.hits,
-            hits_pending=c.hits_pending,
-            misses=c.misses,
-            loads=c.loads,
-            stores_prepared=c.stores_prepared,
-            stores_completed=c.stores_completed,
-            stores_failed=c.stores_failed,
-            admission_rejects=c.admission_rejects,
-            evictions=c.evictions,
-            failed_allocations=c.failed_allocations,
-            stale_completions=c.stale_completions,
-            duplicate_completions=c.duplicate_completions,
-            resets=c.resets,
-            policy_switches=c.policy_switches,
             generation=self._generation,
             policy=self._policy_gauges(),
             held_blocks=pool.num_held,
+            **self._counters.as_dict(),
         )
 
     def _policy_gauges(self) -> dict[str, float]:

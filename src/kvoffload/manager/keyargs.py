@@ -40,11 +40,9 @@ def check_key_types(keys: list[OffloadKey], method: str) -> None:
     """``TypeError`` unless every key is ``bytes`` (a C-level pass over the keys' types)."""
     if not _BYTES.issuperset(map(type, keys)):
         for key in keys:
-            if not isinstance(key, bytes):  # subclasses of bytes are keys too
-                raise TypeError(
-                    f"{method}: every key must be bytes (an OffloadKey), got "
-                    f"{type(key).__name__} {key!r:.60}"
-                )
+            error = wrong_key_type(key, method)  # subclasses of bytes are keys too
+            if error is not None:
+                raise error
 
 
 def describe_key(key: object) -> str:

@@ -8,15 +8,7 @@ keeps its blocks here, so the manager-policy protocol is written once:
   :meth:`BlockLedger.fail` removes a pending block, and an eviction frees a ready one;
 * the policy's mark hooks are called exactly at the 0-edges (``mark_non_evictable`` when a
   ready block's first pin arrives, ``mark_evictable`` when a block becomes ready or its last
-  pin goes), and nowhere else;
-* slots are handed out fresh first (0, 1, 2, ...), then from the free list, last freed first
-  (:class:`~kvoffload.manager.pool.SlotPool`);
-* :meth:`BlockLedger.make_room` evicts only what a store needs, never a protected key;
-* :meth:`BlockLedger.access` touches each key once per request (the request's ``touched``
-  set), and :meth:`BlockLedger.access_each` makes a run of independent one-block accesses
-  in one call (the simulator's blocks mode, libCacheSim's model);
-* :meth:`BlockLedger.replace_policy` moves every block into a new policy (a manager's
-  ``switch_policy``), each entering through the same edges, so no block and no pin is lost.
+  pin goes), and nowhere else.
 
 The ledger checks nothing a caller's bug could break: callers validate keys and requests
 first (the manager does, with messages in its own words).
@@ -25,6 +17,7 @@ first (the manager does, with messages in its own words).
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from typing import NamedTuple
 
 from kvoffload.context import ReqContext
 from kvoffload.keys import OffloadKey
@@ -38,18 +31,15 @@ _HIT = LookupResult.HIT
 _HIT_PENDING = LookupResult.HIT_PENDING
 
 
-class EachAccess:
+class EachAccess(NamedTuple):
     """What :meth:`BlockLedger.access_each` did: each key's lookup result and the counts."""
 
-    __slots__ = ("evicted", "failed", "hits", "pending", "results", "stored")
-
-    def __init__(self) -> None:
-        self.results: list[LookupResult] = []
-        self.hits = 0  # ready blocks found (touched, and pinned for a moment when asked)
-        self.pending = 0  # blocks found being written (left alone)
-        self.stored = 0  # misses stored (their writes completed at once)
-        self.evicted = 0  # blocks evicted to make room
-        self.failed = 0  # misses that found no room
+    results: list[LookupResult]
+    hits: int  # ready blocks found (touched, and pinned for a moment when asked)
+    pending: int  # blocks found being written (left alone)
+    stored: int  # misses stored (their writes completed at once)
+    evicted: int  # blocks evicted to make room
+    failed: int  # misses that found no room
 
     @property
     def misses(self) -> int:
@@ -82,10 +72,6 @@ class BlockLedger:
         self.touches_misses = policy.touches_misses  # exact: CachePolicy.__init_subclass__
 
     # ------------------------------------------------------------------ gauges
-    @property
-    def capacity(self) -> int:
-        return self.pool.capacity
-
     @property
     def num_free(self) -> int:
         """Slots a store can take without evicting."""
@@ -329,8 +315,7 @@ class BlockLedger:
         evictable = pool.num_evictable
         if touch_misses is None:
             touch_misses = self.touches_misses
-        out = EachAccess()
-        results = out.results
+        results: list[LookupResult] = []
         hits = pending = stored = evicted = failed = 0
         for key in keys:
             status = get(key)
@@ -378,14 +363,7 @@ class BlockLedger:
             evictable += 1
             stored += 1
         pool.num_evictable = evictable
-        out.hits, out.pending, out.stored, out.evicted, out.failed = (
-            hits,
-            pending,
-            stored,
-            evicted,
-            failed,
-        )
-        return out
+        return EachAccess(results, hits, pending, stored, evicted, failed)
 
 
 __all__ = ["BlockLedger", "EachAccess"]

@@ -104,19 +104,9 @@ class SlotPool:
 
     # ------------------------------------------------------------------ gauges
     @property
-    def num_available(self) -> int:
-        """Slots that can be handed out without evicting."""
-        return self.capacity - self.next_fresh + len(self.free)
-
-    @property
     def num_held(self) -> int:
         """Slots of jobs in flight at a reset, or of victims being written back."""
         return len(self._held_slots)
-
-    @property
-    def num_evict_held(self) -> int:
-        """Slots of victims evicted ahead whose bytes a tier is still copying out."""
-        return len(self._evict_held)
 
     @property
     def num_stored(self) -> int:
@@ -130,7 +120,7 @@ class SlotPool:
 
     # ------------------------------------------------------------------ slots
     def allocate(self, count: int) -> list[BlockStatus]:
-        """``count`` slots (at most ``num_available``), each status set to being written."""
+        """``count`` slots (at most the free ones), each status set to being written."""
         first = self.next_fresh
         fresh = min(self.capacity - first, count)
         allocated = [BlockStatus(slot, -1) for slot in range(first, first + fresh)]
@@ -148,7 +138,7 @@ class SlotPool:
         return allocated
 
     def take(self) -> BlockStatus:
-        """One slot (``num_available`` must be > 0), set to being written."""
+        """One slot (one must be free), set to being written."""
         if self.next_fresh < self.capacity:
             status = BlockStatus(self.next_fresh, -1)
             self.next_fresh += 1

@@ -14,7 +14,6 @@ from kvoffload.tiers.base import (
     Tier,
     TierCapabilities,
     TierHealth,
-    TierJob,
     TierResult,
     TierStats,
 )
@@ -31,7 +30,6 @@ __all__ = [
     "Tier",
     "TierCapabilities",
     "TierHealth",
-    "TierJob",
     "TierResult",
     "TierStats",
 ]

@@ -130,17 +130,6 @@ class BytearraySlotMemory(MemoryviewSlotMemory):
 
 
 @dataclass(frozen=True)
-class TierJob:
-    """One submitted batch: ``keys`` co-indexed with host ``slots`` (empty for deletes)."""
-
-    job_id: int
-    kind: JobKind
-    keys: tuple[OffloadKey, ...]
-    slots: tuple[int, ...]
-    generation: int
-
-
-@dataclass(frozen=True)
 class TierResult:
     """How one job ended, reported once by :meth:`Tier.poll`.
 

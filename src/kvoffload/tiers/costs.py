@@ -4,17 +4,9 @@ Why: a block found in a tier is worth loading only if its bytes arrive before th
 recompute its tokens. Peers decide this with one static knob (a byte budget per step, a timeout
 formula, a minimum number of tokens); here the decision takes measured costs as inputs:
 
-* :class:`LinearCost` is a running estimate of ``seconds = fixed + per_unit * units``
-  from completed work: a tier's reads (units are bytes, so ``1 / per_unit`` is its bandwidth
-  and ``fixed`` its per-job latency) or the engine's prefill (units are tokens, so the line
-  has the forward's fixed cost apart from the marginal cost per token). It starts from a
-  documented prior that yields to the first real observations (its weight halves with each
-  one), forgets old work geometrically (``half_life`` observations) and, once warm, clips
-  each observation to within ``clip`` times of the current prediction, so one stalled job
-  moves a learned estimate by a bounded step. A read still outstanding when its request
-  stopped waiting is a lower bound (:meth:`LinearCost.observe_floor`): above the estimate,
-  it holds every prediction up at once and restarts the line from that read's completion,
-  so a tier that slowed down costs one request, not one per clipped step.
+* :class:`LinearCost` is a running, outlier-bounded estimate of ``seconds = fixed +
+  per_unit * units`` from completed work: a tier's reads (units are bytes) or the engine's
+  prefill (units are tokens).
 * :class:`QueueWait` is the same idea for the time a job waits before its tier starts it.
 * :func:`plan_load` is the rule: given the tier that holds each leading block of a request's
   hit prefix, choose how many leading blocks to load so that the expected time to first token
@@ -120,12 +112,12 @@ class LinearCost:
         self.floor_s = 0.0  # every prediction is at least this until a job completes
         self.observations = 0
 
-    def _add(self, x: float, y: float, w: float) -> None:
-        self._s1 += w
-        self._sx += w * x
-        self._sy += w * y
-        self._sxx += w * x * x
-        self._sxy += w * x * y
+    def _scale(self, factor: float) -> None:
+        self._s1 *= factor
+        self._sx *= factor
+        self._sy *= factor
+        self._sxx *= factor
+        self._sxy *= factor
 
     def _line(self) -> tuple[float, float]:
         w = self._prior_w
@@ -174,25 +166,19 @@ class LinearCost:
         if self._stale:  # a floor proved the line wrong: this job starts it again
             self._stale = False
             seconds = max(seconds, floor)  # the overdue job had run that long already
-            keep = min(1.0, RESTART_WEIGHT / self._s1) if self._s1 > 0 else 1.0
-            self._s1 *= keep
-            self._sx *= keep
-            self._sy *= keep
-            self._sxx *= keep
-            self._sxy *= keep
+            self._scale(min(1.0, RESTART_WEIGHT / self._s1) if self._s1 > 0 else 1.0)
             self._prior_w = min(self._prior_w, RESTART_WEIGHT / 2)
             self._fresh = 0
         if self._fresh >= self._warmup:
             predicted = self.predict(units)
             if predicted > 0:
                 seconds = min(max(seconds, predicted / self._clip), predicted * self._clip)
-        d = self._decay
-        self._s1 *= d
-        self._sx *= d
-        self._sy *= d
-        self._sxx *= d
-        self._sxy *= d
-        self._add(units, seconds, 1.0)
+        self._scale(self._decay)
+        self._s1 += 1.0
+        self._sx += units
+        self._sy += seconds
+        self._sxx += units * units
+        self._sxy += units * seconds
         self._prior_w = max(self._prior_w / 2.0, PRIOR_WEIGHT_FLOOR / 2)
         self._fresh += 1
         self.observations += 1
@@ -496,27 +482,26 @@ class LoadDecider:
         if not count:
             return plan
         skipped = [self.costs(tier) for tier in plan.recomputed_by_tier]
-        if any(c.skips >= self.probe_every for c in skipped):
+        probe = any(c.skips >= self.probe_every for c in skipped)
+        if probe:
             for c in skipped:
                 c.skips = 0
                 c.probes += 1
-            if CPU_TIER not in plan.recomputed_by_tier:
-                plan = replace(plan, probe=True)
-                for tier, n in plan.recomputed_by_tier.items():
-                    self.costs(tier).benefit.blocks_recomputed_by_choice += n
-                return plan
-            return plan_load(  # no costs: every hit block is loaded
-                hit_tiers,
-                block_tokens=self.block_tokens,
-                block_bytes=block_bytes,
-                prompt_tokens=prompt_tokens,
-                tier_costs={},
-                prefill=self.prefill,
-            )
+            if CPU_TIER in plan.recomputed_by_tier:
+                return plan_load(  # no costs: every hit block is loaded
+                    hit_tiers,
+                    block_tokens=self.block_tokens,
+                    block_bytes=block_bytes,
+                    prompt_tokens=prompt_tokens,
+                    tier_costs={},
+                    prefill=self.prefill,
+                )
+            plan = replace(plan, probe=True)
         for tier, n in plan.recomputed_by_tier.items():
             skipped_tier = self.costs(tier)
             skipped_tier.benefit.blocks_recomputed_by_choice += n
-            skipped_tier.skips += 1
+            if not probe:
+                skipped_tier.skips += 1
         return plan
 
     def record_read(

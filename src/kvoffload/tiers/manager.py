@@ -4,28 +4,9 @@ Why this shape (``reference/tiering.md`` §1.3, §7.2): engines, :class:`KVOfflo
 simulator speak to an :class:`~kvoffload.manager.OffloadingManager`; a tiered cache must look
 exactly like one so they run unchanged. All data goes device -> CPU -> secondary and back
 (secondaries never touch device memory), so the CPU manager keeps owning slots, pins and
-eviction, and this class only adds the moves between its slots and the secondaries:
-
-* **Lookup** asks the CPU first, then each secondary in order (``contains`` never waits). A
-  block found in a secondary gets a CPU slot at once (a pending store, so it reads
-  ``HIT_PENDING`` and is never promoted twice) and is read by one batched job per tier.
-  Only the contiguous prefix is promoted (:meth:`TieringManager.lookup_prefix`); ``UNKNOWN``
-  presence is ``RETRY``, at most ``lookup_retries`` times per request and key, then a miss.
-* **A failed key is a miss**: its slot is freed and the tier gets a negative verdict for it,
-  so it is not promoted from there again (vllm #49176's livelock) until the verdict expires
-  (``negative_ttl_s``) or a put of it succeeds there: one failed read never strands a block
-  the tier still holds.
-* **Writes** follow each tier's policy: ``write_through`` after the CPU store completes,
-  ``write_back`` when the CPU policy evicts the block (the victim's slot is held, neither
-  stored nor free, until the tier has copied it out; see :meth:`CPUOffloadingManager.evict_ahead`),
-  ``selective`` writes what the admission filter admits (offers are CPU stores and CPU
-  hits), ``none`` never writes. The CPU slot is pinned while a tier reads it.
-* **Backpressure and faults**: bounded in-flight bytes per tier, a circuit breaker per tier,
-  and every store not made counted by its reason.
-* **Reset** drains every tier with a deadline; completions from before it are recognised by
-  the generation they carry and ignored. If a tier does not drain in time, the CPU reset
-  waits (lookups miss, stores are dropped) until the tier reports its old jobs, so a late
-  copy can never land in a slot that already holds a new block.
+eviction, and this class only adds the moves between its slots and the secondaries: lookups
+and promotions (:mod:`.promotion`), writes by each tier's policy (:mod:`.write_policies`),
+completions, backpressure, breakers and resets here. ``docs/tiers.md`` has the rules.
 
 Threading model: one scheduler thread calls it; :meth:`step` (or :meth:`poll`) once per
 scheduler step submits the step's promotions and reaps completions.

@@ -293,32 +293,26 @@ class MemoryTier(Tier):
         view = self.memory.slot_view
         nbytes = 0
         for i, key in enumerate(job.keys):
-            cancelled_now = cancelled and i not in fail and i not in pending.skip
-            if cancelled_now and job.kind is not JobKind.DELETE:
+            if i in fail or i in pending.skip or job.kind is JobKind.DELETE:
+                corrupt = job.kind is JobKind.GET and fail.get(i) == "corrupt"
+                if corrupt and key in self._records and ledger.remove_ready(key):
+                    del self._records[key]  # a corrupt record is never served again
+                    self._stats["bad_records"] += 1
+                continue
+            if cancelled:
                 fail[i] = CANCELLED
-            else:
-                cancelled_now = False
             if job.kind is JobKind.PUT:
-                if i in pending.skip or (i in fail and not cancelled_now):
-                    continue
-                status = ledger.get(key)
-                if status is None:  # cannot happen: a pending record is never evicted
+                if ledger.get(key) is None:  # cannot happen: a pending record is never evicted
                     raise RuntimeError(f"put of {key.hex()} lost its pending record")
-                if cancelled_now:
+                if cancelled:
                     ledger.fail([key])
                     continue
                 self._records[key] = bytes(view(pending.slots[i]))
                 nbytes += self.memory.slot_bytes
                 self._stats["stored"] += 1
                 ledger.complete([key])
-            elif job.kind is JobKind.GET:
-                if i in fail and not cancelled_now:
-                    # A corrupt record is never served again.
-                    if fail[i] == "corrupt" and key in self._records and ledger.remove_ready(key):
-                        del self._records[key]
-                        self._stats["bad_records"] += 1
-                    continue
-                if not cancelled_now:
+            else:
+                if not cancelled:
                     view(pending.slots[i])[:] = self._records[key]
                     nbytes += self.memory.slot_bytes
                     self._stats["hits"] += 1

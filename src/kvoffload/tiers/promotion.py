@@ -1,11 +1,9 @@
 """A tiering manager's lookups and promotions: where a key is, and reading it into the CPU.
 
-Lookup asks the CPU first, then each secondary in order (``contains`` never waits). A block
-found in a secondary gets a CPU slot at once (a pending store, so it reads ``HIT_PENDING`` and
-is never promoted twice) and is read by one batched job per tier. Only the contiguous prefix
-is promoted (:meth:`TierPromotions.lookup_prefix`), and only as far as the load-or-recompute
-plan says (:class:`~kvoffload.tiers.costs.LoadDecider`). Why apart: the manager's completion,
-store and reset paths call into these, but none of them decides what is promoted.
+Only the contiguous prefix is promoted (:meth:`TierPromotions.lookup_prefix`), and only as far
+as the load-or-recompute plan says (:class:`~kvoffload.tiers.costs.LoadDecider`). Why apart:
+the manager's completion, store and reset paths call into these, but none of them decides what
+is promoted.
 """
 
 from __future__ import annotations
@@ -20,7 +18,6 @@ from kvoffload.manager import LookupResult
 from kvoffload.tiers.base import JobKind, Presence
 from kvoffload.tiers.costs import CPU_TIER, LoadDecider, LoadPlan
 from kvoffload.tiers.tiering_state import RequestState, TierState, request_state
-from kvoffload.tiers.tiering_state import TierJobState as _Job
 from kvoffload.tiers.write_policies import TierWrites
 
 _MISS = LookupResult.MISS
@@ -295,24 +292,9 @@ class TierPromotions(TierWrites):
             for item in queue:
                 by_ctx.setdefault(id(item[2]), []).append(item)
             for items in by_ctx.values():
-                step = st.max_batch or len(items)
-                for start in range(0, len(items), step):
-                    part = items[start : start + step]
-                    keys = tuple(k for k, _, _ in part)
-                    slots = [s for _, s, _ in part]
-                    nbytes = len(keys) * self.slot_bytes
-                    job_id = st.tier.submit_get(keys, slots, self._generation)
-                    st.breaker.on_submit()
-                    st.jobs[job_id] = _Job(
-                        JobKind.GET,
-                        keys,
-                        part[0][2],
-                        self._generation,
-                        nbytes,
-                        "promote",
-                        submitted=time.monotonic(),
-                    )
-                    st.inflight_bytes += nbytes
+                keys = [k for k, _, _ in items]
+                slots = [s for _, s, _ in items]
+                self._submit(st, JobKind.GET, keys, slots, items[0][2], "promote")
 
 
 __all__ = ["TierPromotions"]

@@ -82,24 +82,42 @@ class TierWrites:
             st.write_backs += len(fresh)
         else:
             slots = self.cpu.pin_copy(fresh)  # not a load: no touch, no ``loads``
-        step = st.max_batch or len(fresh)
-        for start in range(0, len(fresh), step):
-            part = tuple(fresh[start : start + step])
+        self._submit(st, JobKind.PUT, fresh, slots, ctx, purpose, held is not None)
+        return fresh
+
+    def _submit(
+        self,
+        st: TierState,
+        kind: JobKind,
+        keys: Sequence[OffloadKey],
+        slots: Sequence[int],
+        ctx: ReqContext,
+        purpose: str,
+        held: bool = False,
+    ) -> None:
+        """Submit a put or get of ``keys`` into/from ``slots`` to ``st``, in jobs of at most
+        its ``max_batch`` keys; ``held``: the job keeps its slots (a write-back's victims)."""
+        step = st.max_batch or len(keys)
+        submit = st.tier.submit_get if kind is JobKind.GET else st.tier.submit_put
+        for start in range(0, len(keys), step):
+            part = tuple(keys[start : start + step])
+            part_slots = slots[start : start + step]
             nbytes = len(part) * self.slot_bytes
-            job_id = st.tier.submit_put(part, slots[start : start + step], self._generation)
+            job_id = submit(part, part_slots, self._generation)
             st.breaker.on_submit()
             st.jobs[job_id] = TierJobState(
-                JobKind.PUT,
+                kind,
                 part,
                 ctx,
                 self._generation,
                 nbytes,
                 purpose,
-                tuple(slots[start : start + step]) if held is not None else (),
+                tuple(part_slots) if held else (),
+                submitted=time.monotonic() if kind is JobKind.GET else 0.0,
             )
             st.inflight_bytes += nbytes
-            st.put_keys.update(part)
-        return fresh
+            if kind is JobKind.PUT:
+                st.put_keys.update(part)
 
     def _cascade(self, keys: list[OffloadKey], ctx: ReqContext) -> None:
         """Blocks that just became ready in the CPU: hand them to each tier's write policy."""

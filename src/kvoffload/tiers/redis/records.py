@@ -43,10 +43,6 @@ except ImportError:  # pragma: no cover - exercised only where xxhash is absent
     _xxhash = None  # type: ignore[assignment]
 
 
-def xxhash_available() -> bool:
-    return _xxhash is not None
-
-
 class RecordError(ValueError):
     """A record that must not be served; ``reason`` is the counter it goes to.
 

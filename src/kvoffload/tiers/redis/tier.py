@@ -1,35 +1,11 @@
 """``RedisTier``: a shared, remote KV tier on a Redis (or Valkey) server or cluster.
 
 What one instance stores is a hit for every other instance using the same server, prefix and
-namespace. Design (``reference/tiering.md`` §2.4, §7.4):
-
-* One key per block, ``{prefix}:{namespace}:{block key hex}``, whose value is a
-  self-describing record (:mod:`kvoffload.tiers.redis.records`): written and read atomically.
-* Puts are pipelined ``SET name record NX PX ttl``: no overwrite and no extra round trip. A
-  name already taken is read back (bounded, as a get): a success when it holds a record this
-  tier would serve (the same block from another writer: a key names its content), otherwise
-  a failed put (``name_taken``: a value of another type, another secret's record, junk).
-* Gets are pipelined ``PEXPIRE name ttl`` + ``GETRANGE name 0 <record bytes>``: a hit refreshes
-  the TTL, so the server's own LRU/LFU eviction (``maxmemory-policy``) follows real use, and no
-  value is received past one byte over the record's size (a larger one is refused,
-  ``oversized``, unread). The payload is verified, then copied straight into the host slot. A
-  record that fails its check is dropped and counted, and deleted only when no reader could
-  accept it (damaged, or naming another namespace or key); a record signed with another
-  secret, or of another version or size, is someone else's and stays. A missing key (evicted
-  or expired between lookup and get) is a miss, never a loop.
-* Records travel on the pool's sockets without redis-py's command packer
-  (:mod:`kvoffload.tiers.redis.wire`): a put sends the record's header, then the payload
-  straight from its slot (no copy), and hashes the next record while the kernel moves this one;
-  a get receives each reply into one reusable buffer and verifies and copies it while the next
-  is arriving. Connections, AUTH, TLS, deadlines and retries stay redis-py's; a cluster, or a
-  client this cannot use (RESP3, client-side caching, one fixed connection), uses pipelines.
-* Lookups: ``contains`` answers from a bounded verdict cache; unknown keys get one pipelined
-  ``EXISTS`` in the background and read ``UNKNOWN`` until it lands or the lookup deadline
-  passes, after which they are a ``MISS``. (``lookup="sync"`` waits up to the deadline.)
-* Bounded in-flight bytes (puts over the bound fail as ``backpressure``, counted), pipelines
-  cut at ``max_pipeline_bytes``, a connection pool, a per-operation socket deadline, and a
-  back-off after a connection failure during which the tier answers at once (misses and failed
-  jobs) instead of waiting on a dead server; the next job after the back-off reconnects.
+namespace (``reference/tiering.md`` §2.4, §7.4). One key per block,
+``{prefix}:{namespace}:{block key hex}``, holds a self-describing record
+(:mod:`kvoffload.tiers.redis.records`); puts are ``SET NX PX``, gets ``PEXPIRE`` +
+``GETRANGE`` (a hit refreshes the TTL), lookups a bounded verdict cache in front of a
+background ``EXISTS``. The commands, and why each is what it is, are in ``docs/redis.md``.
 
 The byte budget of a shared store is the server's (``maxmemory`` with an ``allkeys-lru`` /
 ``allkeys-lfu`` or ``volatile-*`` policy): no client can see everyone's records, so the tier
@@ -37,7 +13,8 @@ does not pretend to keep a budget of its own. Requires Redis 6.2+ or Valkey 7.2+
 
 Split by job: ``connect`` (client, start-up checks, the direct socket pool), ``transport``
 (pipelines, direct exchanges, back-off), ``record_io`` (a job's records as commands and
-verdicts); this module keeps the contract, the verdict cache and the jobs (on ``runtime``).
+verdicts), ``wire`` (records sent and received on pooled sockets without redis-py's packer);
+this module keeps the contract, the verdict cache and the jobs (on ``runtime``).
 """
 
 from __future__ import annotations

@@ -140,19 +140,14 @@ class RedisTransport(RedisConnection):
                 answers = retry.call_with_retry(
                     functools.partial(talk, conn), lambda _error: conn.disconnect()
                 )
-        except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+        except BaseException as exc:
             if conn is not None:
-                conn.disconnect()
-            self._note_failure(exc)
+                conn.disconnect()  # its state is unknown: never reused
+            if isinstance(exc, (RedisConnectionError, RedisTimeoutError, OSError)):
+                self._note_failure(exc)
+            elif not isinstance(exc, RedisError):
+                raise
             return [exc] * count
-        except RedisError as exc:
-            if conn is not None:
-                conn.disconnect()
-            return [exc] * count
-        except BaseException:
-            if conn is not None:
-                conn.disconnect()
-            raise
         finally:
             if conn is not None:
                 pool.release(conn)
