@@ -59,14 +59,19 @@ class RunItem:
 
 
 def chunk_runs(
-    items: list[RunItem], threads: int, min_bytes: int, record_bytes: int
+    items: list[RunItem],
+    threads: int,
+    min_bytes: int,
+    record_bytes: int,
+    max_bytes: int | None = None,
 ) -> list[list[RunItem]]:
     """A job's keys as tasks: runs of adjacent arena slots, split across the threads.
 
     Adjacent slots go to the file in one vectored call. A job is cut into at most about
     ``threads`` tasks so one large batch still uses every thread, but no task is cut below
     ``min_bytes``: each task costs a thread hand-off, a lock round and its own system call,
-    which small blocks cannot amortise (``docs/benchmarks.md`` has the measurements).
+    which small blocks cannot amortise (``docs/benchmarks.md`` has the measurements). With
+    ``max_bytes``, no task holds more records than fit in it (at least one).
     """
     if not items:
         return []
@@ -74,6 +79,8 @@ def chunk_runs(
         items = sorted(items, key=lambda it: it.arena)
     per_task = max(-(-len(items) // threads), -(-min_bytes // record_bytes))
     per_task = min(MAX_RUN, per_task)
+    if max_bytes is not None:
+        per_task = min(per_task, max(1, max_bytes // record_bytes))
     chunks: list[list[RunItem]] = [[items[0]]]
     last = chunks[0]
     for item in items[1:]:

@@ -72,6 +72,7 @@ from kvoffload.tiers.runtime import (
     CLOSED,
     FailureLog,
     Job,
+    Lane,
     TierRuntime,
     check_batch,
 )
@@ -89,6 +90,27 @@ _QUIET_DROPS = frozenset({"in_flight", "duplicate", CANCELLED, CLOSED})
 # in parallel, and other jobs in flight keep the threads busy)
 _MIN_PUT_TASK_BYTES = 4 << 20
 _MIN_GET_TASK_BYTES = 1 << 20
+# nor is a put task longer than this: its checksum pass reads the records just before its
+# write copies them, and the bytes of the tasks in flight should still be in the CPU's cache
+# then (docs/benchmarks.md, "Put lanes")
+_MAX_PUT_TASK_BYTES = 8 << 20
+#: Records smaller than this store one put task at a time (see :func:`put_lane_width`).
+SMALL_RECORD_BYTES = 128 << 10
+
+
+def put_lane_width(durability: str, slot_bytes: int, io_threads: int) -> int:
+    """How many put tasks may run at once.
+
+    Buffered writes (``none``, ``rename``) into one arena serialise in the kernel, so puts
+    gain from running side by side only where one task's checksum (which lets go of the GIL)
+    overlaps another's write: two at a time for records whose checksum outweighs the Python
+    each record costs (from about 128 KiB), one at a time below that, where threads would
+    only contend for the GIL (``docs/benchmarks.md``, "Put lanes"). Under ``fsync`` the
+    barriers wait on the device, so every thread may wait on one.
+    """
+    if durability == "fsync":
+        return io_threads
+    return min(io_threads, 1 if slot_bytes < SMALL_RECORD_BYTES else 2)
 
 
 class DiskTier(Tier):
@@ -115,7 +137,9 @@ class DiskTier(Tier):
         min_free_bytes: keep at least this many bytes free on the filesystem (the budget
             shrinks when other writers fill the disk).
         io_threads: I/O threads; a job's records go to them as runs of adjacent arena slots
-            (one vectored system call each), cut so a large job uses every thread.
+            (one vectored system call each), cut so a large job uses every thread. Buffered
+            puts run at most two at a time, one for records under 128 KiB
+            (:func:`put_lane_width`).
         checksum: ``"auto"`` (xxh3 when installed, else crc32), ``"xxh3"`` or ``"crc32"``.
         verify_on_scan: also checksum every payload during the start-up scan (slower restart;
             reads verify anyway).
@@ -176,6 +200,7 @@ class DiskTier(Tier):
         )
         self._index = DiskIndex(policy_obj, max_slots)
         self._runtime = TierRuntime(io_threads, "kvoff-disk")
+        self._put_lane = Lane(put_lane_width(durability, memory.slot_bytes, io_threads))
         self._lock = self._runtime.lock
         self._limit = self.capacity_bytes
         self._limit_at = -1.0
@@ -313,8 +338,10 @@ class DiskTier(Tier):
                     continue
                 tasks.append(RunItem(i, key, slot, entry))
             self._stats["evictions"] += evictions
-            for chunk in chunk_runs(tasks, self._threads, _MIN_PUT_TASK_BYTES, self.record_bytes):
-                runtime.spawn(job, self._run_put, job, chunk, written)
+            for chunk in chunk_runs(
+                tasks, self._threads, _MIN_PUT_TASK_BYTES, self.record_bytes, _MAX_PUT_TASK_BYTES
+            ):
+                runtime.spawn(job, self._run_put, job, chunk, written, lane=self._put_lane)
             return runtime.finish(job)
 
     def submit_get(
