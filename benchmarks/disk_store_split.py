@@ -25,6 +25,7 @@ turns going first.
 
     python benchmarks/disk_store_split.py
     python benchmarks/disk_store_split.py --block-kib 64,2048 --threads 1,4 --rounds 9
+    python benchmarks/disk_store_split.py --block-kib 64,2048 --threads 4 --put-lanes 2
 """
 
 from __future__ import annotations
@@ -110,6 +111,8 @@ def _tier(
     salt: int,
 ) -> Sample:
     capacity = 2 * blocks * (HEADER_BYTES + memory.slot_bytes)
+    # only when asked: a source tree from before put lanes has no such keyword
+    lanes = {} if args.put_lanes == "auto" else {"put_lanes": int(args.put_lanes)}
     tier = DiskTier(
         memory,
         root,
@@ -117,6 +120,7 @@ def _tier(
         durability=args.durability,
         checksum=args.checksum,
         io_threads=threads,
+        **lanes,  # type: ignore[arg-type]
     )
     keys = _keys(blocks, salt)
     batch = args.batch
@@ -216,6 +220,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--block-kib", default="2048,64", help="block sizes, comma-separated")
     parser.add_argument("--threads", default="4,1", help="tier I/O threads, comma-separated")
     parser.add_argument("--batch", type=int, default=16, help="keys per job")
+    parser.add_argument(
+        "--put-lanes",
+        default="auto",
+        help="put tasks the tier runs at once: a number, or auto (the tier's own choice)",
+    )
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--format", default="table", choices=["table", "json"])
     args = parser.parse_args(argv)
@@ -223,6 +232,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--rounds, --total-mib and --batch must be at least 1")
     block_sizes = _positive_ints(parser, "--block-kib", args.block_kib)
     thread_counts = _positive_ints(parser, "--threads", args.threads)
+    if args.put_lanes != "auto":
+        (lanes,) = _positive_ints(parser, "--put-lanes", args.put_lanes)
+        if lanes > min(thread_counts):
+            parser.error("--put-lanes must not exceed any --threads value")
     base = tempfile.mkdtemp(prefix="kvoff-store-split-", dir=args.dir)
     rows = []
     try:
@@ -238,7 +251,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     print(
         f"{args.total_mib} MiB per round, {args.rounds} rounds, durability={args.durability}, "
-        f"checksum={args.checksum}, batch={args.batch}; seconds are medians per round"
+        f"checksum={args.checksum}, batch={args.batch}, put lanes={args.put_lanes}; "
+        "seconds are medians per round"
     )
     print(
         f"{'block':>8} {'threads':>7} {'plain wall/user/sys':>21} {'tier wall/user/sys':>21} "

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import random
+import threading
+import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -257,6 +260,10 @@ def test_bad_arguments_fail_clearly(tmp_path: Path) -> None:
         _tier(memory, tmp_path, 2, checksum="md5")
     with pytest.raises(ValueError, match="policy"):
         _tier(memory, tmp_path, 2, policy="no-such-policy")
+    with pytest.raises(ValueError, match=r"put_lanes.*at most io_threads"):
+        _tier(memory, tmp_path, 2, io_threads=2, put_lanes=3)
+    with pytest.raises(ValueError, match="put_lanes"):
+        _tier(memory, tmp_path, 2, put_lanes=0)
     tier = _tier(memory, tmp_path, 2)
     with pytest.raises(ValueError, match="slot"):
         tier.submit_put([_key(1)], [5])
@@ -464,3 +471,43 @@ def test_save_policy_state_false_leaves_no_state_and_restarts_oldest_first(tmp_p
 def test_the_disk_tiers_flags_must_be_bools(tmp_path: Path, flag: str) -> None:
     with pytest.raises(TypeError, match=f"{flag} must be True or False"):
         _tier(BytearraySlotMemory(512, 2), tmp_path, 4, **{flag: "no"})
+
+
+class _ConcurrentWrites(FileLayer):
+    """Counts how many ``pwritev`` calls are in the kernel at once (each held a little)."""
+
+    def __init__(self) -> None:
+        self.now = 0
+        self.most = 0
+        self._guard = threading.Lock()
+
+    def pwritev(self, fd: int, buffers: Sequence[memoryview], offset: int) -> int:
+        with self._guard:
+            self.now += 1
+            self.most = max(self.most, self.now)
+        time.sleep(0.02)
+        try:
+            return super().pwritev(fd, buffers, offset)
+        finally:
+            with self._guard:
+                self.now -= 1
+
+
+@pytest.mark.parametrize(("put_lanes", "most"), [(1, 1), (2, 2), (None, 4)])
+def test_put_lanes_bound_the_puts_in_flight(
+    tmp_path: Path, put_lanes: int | None, most: int
+) -> None:
+    """Under ``fsync`` no write lock serialises the writes, so the lane is what bounds them
+    (the default there: every I/O thread)."""
+    memory = BytearraySlotMemory(512, 16)
+    files = _ConcurrentWrites()
+    tier = _tier(
+        memory, tmp_path, 64, durability="fsync", io_threads=4, put_lanes=put_lanes, files=files
+    )
+    jobs = [
+        tier.submit_put([_key(10 * j + i) for i in range(2)], [2 * j, 2 * j + 1]) for j in range(8)
+    ]
+    assert tier.drain(30)
+    assert {r.job_id for r in tier.poll() if r.all_ok} == set(jobs)
+    assert files.most == most
+    tier.close()

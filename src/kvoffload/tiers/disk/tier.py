@@ -139,7 +139,9 @@ class DiskTier(Tier):
         io_threads: I/O threads; a job's records go to them as runs of adjacent arena slots
             (one vectored system call each), cut so a large job uses every thread. Buffered
             puts run at most two at a time, one for records under 128 KiB
-            (:func:`put_lane_width`).
+            (:func:`put_lane_width`), unless ``put_lanes`` says otherwise.
+        put_lanes: how many put tasks may run at once (at most ``io_threads``); ``None``
+            (the default) chooses by durability and record size (:func:`put_lane_width`).
         checksum: ``"auto"`` (xxh3 when installed, else crc32), ``"xxh3"`` or ``"crc32"``.
         verify_on_scan: also checksum every payload during the start-up scan (slower restart;
             reads verify anyway).
@@ -166,6 +168,7 @@ class DiskTier(Tier):
         checksum: str = "auto",
         verify_on_scan: bool = False,
         save_policy_state: bool = True,
+        put_lanes: int | None = None,
         files: FileLayer | None = None,
     ) -> None:
         super().__init__(memory)
@@ -180,6 +183,9 @@ class DiskTier(Tier):
         self.min_free_bytes = check_int("min_free_bytes", min_free_bytes, 0)
         io_threads = check_int("io_threads", io_threads, 1)
         self._threads = io_threads
+        if put_lanes is None:
+            put_lanes = put_lane_width(durability, memory.slot_bytes, io_threads)
+        put_lanes = check_int("put_lanes", put_lanes, 1, io_threads, " (at most io_threads)")
         self.durability = durability
         self._checksum_kind = resolve_checksum(checksum)
         fn = checksum_function(self._checksum_kind)
@@ -200,7 +206,7 @@ class DiskTier(Tier):
         )
         self._index = DiskIndex(policy_obj, max_slots)
         self._runtime = TierRuntime(io_threads, "kvoff-disk")
-        self._put_lane = Lane(put_lane_width(durability, memory.slot_bytes, io_threads))
+        self._put_lane = Lane(put_lanes)
         self._lock = self._runtime.lock
         self._limit = self.capacity_bytes
         self._limit_at = -1.0
