@@ -101,8 +101,8 @@ class Lane:
 class TierRuntime:
     """Job ids, the jobs in flight, the done queue and an optional I/O thread pool.
 
-    Every method that touches jobs expects :attr:`lock` held, except :meth:`poll`,
-    :meth:`drain`, :meth:`spawn` and :meth:`close`, which take it themselves.
+    Every method that touches jobs expects :attr:`lock` held (:meth:`spawn` too), except
+    :meth:`poll`, :meth:`drain` and :meth:`close`, which take it themselves.
     """
 
     def __init__(
