@@ -4,7 +4,7 @@ no task under the minimum nor (for puts) over the maximum."""
 from __future__ import annotations
 
 from kvoffload.policies import BlockStatus
-from kvoffload.tiers.disk.arena import RunItem, chunk_runs
+from kvoffload.tiers.disk.tasks import RunItem, chunk_runs
 from kvoffload.tiers.disk.index import IndexEntry
 
 MIB = 1 << 20

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from kvoffload.tiers.base import JobKind
-from kvoffload.tiers.disk.tier import SMALL_RECORD_BYTES, put_lane_width
+from kvoffload.tiers.disk.tasks import SMALL_RECORD_BYTES, put_lane_width
 from kvoffload.tiers.runtime import Job, Lane, TierRuntime
 
 

@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 
 from kvoffload.keys import OffloadKey
 from kvoffload.tiers.base import SlotMemory
-from kvoffload.tiers.disk.index import IndexEntry
 from kvoffload.tiers.disk.io import FileLayer, read_full, write_all
 from kvoffload.tiers.disk.records import (
     HEADER_BYTES,
@@ -36,60 +35,9 @@ from kvoffload.tiers.disk.records import (
     stamp_bytes,
     stamp_commits,
 )
+from kvoffload.tiers.disk.tasks import RunItem
 
 ZERO_FIELDS = memoryview(bytes(HEADER_BYTES - STAMP_BYTES))  # a header page after its stamp
-MAX_RUN = 256  # records per vectored call (two buffers each, under IOV_MAX = 1024)
-
-
-class RunItem:
-    """One key of a job: its index in the job, host slot, index entry and arena slot.
-
-    A plain ``__slots__`` class, not a frozen dataclass: one is built per key of every job,
-    and a frozen dataclass's ``__init__`` costs several times more.
-    """
-
-    __slots__ = ("arena", "entry", "index", "key", "slot")
-
-    def __init__(self, index: int, key: OffloadKey, slot: int, entry: IndexEntry) -> None:
-        self.index = index
-        self.key = key
-        self.slot = slot
-        self.entry = entry
-        self.arena = entry.slot
-
-
-def chunk_runs(
-    items: list[RunItem],
-    threads: int,
-    min_bytes: int,
-    record_bytes: int,
-    max_bytes: int | None = None,
-) -> list[list[RunItem]]:
-    """A job's keys as tasks: runs of adjacent arena slots, split across the threads.
-
-    Adjacent slots go to the file in one vectored call. A job is cut into at most about
-    ``threads`` tasks so one large batch still uses every thread, but no task is cut below
-    ``min_bytes``: each task costs a thread hand-off, a lock round and its own system call,
-    which small blocks cannot amortise (``docs/benchmarks.md`` has the measurements). With
-    ``max_bytes``, no task holds more records than fit in it (at least one).
-    """
-    if not items:
-        return []
-    if any(a.arena >= b.arena for a, b in itertools.pairwise(items)):
-        items = sorted(items, key=lambda it: it.arena)
-    per_task = max(-(-len(items) // threads), -(-min_bytes // record_bytes))
-    per_task = min(MAX_RUN, per_task)
-    if max_bytes is not None:
-        per_task = min(per_task, max(1, max_bytes // record_bytes))
-    chunks: list[list[RunItem]] = [[items[0]]]
-    last = chunks[0]
-    for item in items[1:]:
-        if item.arena == last[-1].arena + 1 and len(last) < per_task:
-            last.append(item)
-        else:
-            last = [item]
-            chunks.append(last)
-    return chunks
 
 
 @dataclass
@@ -356,4 +304,4 @@ class Arena:
         return header
 
 
-__all__ = ["MAX_RUN", "ZERO_FIELDS", "Arena", "RunItem", "ScanReport", "chunk_runs"]
+__all__ = ["ZERO_FIELDS", "Arena", "ScanReport"]

@@ -114,12 +114,6 @@ class RecordHeader:
     header_bytes: int = HEADER_BYTES
     version: int = FORMAT_VERSION
 
-    @property
-    def record_bytes(self) -> int:
-        """The bytes of the record's own slot: header page plus payload (the stamp lies in the
-        next slot's header page)."""
-        return self.header_bytes + self.payload_len
-
 
 def encode_header(
     key: bytes,

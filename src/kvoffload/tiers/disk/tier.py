@@ -9,14 +9,11 @@ every read (a bad record is a counted miss, never data), and I/O tasks on a thre
 of adjacent records each, so one large batch uses every thread (vLLM runs a job serially on
 one thread).
 
-Layout: one arena file per namespace and block size, ``<path>/<namespace hex>/arena-<slot
-bytes>.v2.kv`` (the record format's version is in the name; a format 1 arena, ``arena-<slot
-bytes>.kv``, is refused: never read nor touched, its size reported as ``legacy_arena_bytes``),
-cut into slots of ``4 KiB header page + slot_bytes``, then the last slot's 64-byte commit
-stamp. Every record of a tier is one host slot, so all records are the same size: a freed
-slot is reused in place and nothing ever needs compaction (why this is not an append-only
-log), and no file is created per record (a file per record was built and measured first:
-creating an inode cost far more than writing a record).
+Layout: one arena file per namespace and block size (``files.ArenaPaths``: a format 1 arena
+is refused, its size reported as ``legacy_arena_bytes``), cut into slots of a 4 KiB header
+page plus ``slot_bytes`` (``records`` has the format). Every record is one host slot long, so
+a freed slot is reused in place and nothing needs compaction (why not an append-only log);
+nor is there a file per record (creating an inode cost far more than writing a record).
 
 A write is ordered so that a commit stamp after the payload commits the record, the guarantee
 a temporary name plus rename gives a file: ``arena`` holds that order and every read and write
@@ -34,6 +31,7 @@ import logging
 import math
 import os
 import time
+from collections import defaultdict
 from collections.abc import Iterator, Mapping, Sequence
 
 from kvoffload._checks import check_bool, check_int
@@ -50,7 +48,7 @@ from kvoffload.tiers.base import (
     TierResult,
     TierStats,
 )
-from kvoffload.tiers.disk.arena import Arena, RunItem, chunk_runs
+from kvoffload.tiers.disk.arena import Arena
 from kvoffload.tiers.disk.files import (
     ArenaPaths,
     DiskTierInUseError,
@@ -66,6 +64,14 @@ from kvoffload.tiers.disk.records import (
     MAX_KEY_BYTES,
     checksum_function,
     resolve_checksum,
+)
+from kvoffload.tiers.disk.tasks import (
+    MAX_PUT_TASK_BYTES,
+    MIN_GET_TASK_BYTES,
+    MIN_PUT_TASK_BYTES,
+    RunItem,
+    chunk_runs,
+    put_lane_width,
 )
 from kvoffload.tiers.runtime import (
     CANCELLED,
@@ -85,32 +91,6 @@ _FREE_SPACE_REFRESH_S = 0.25
 DROP_WARNING_INTERVAL_S = 60.0
 #: Drop reasons that are the caller's or the job's own business, never worth a warning.
 _QUIET_DROPS = frozenset({"in_flight", "duplicate", CANCELLED, CLOSED})
-# a put job is not split into tasks smaller than this (writes into one file serialise in
-# the kernel anyway), nor a get job below the smaller size (reads of the page cache do run
-# in parallel, and other jobs in flight keep the threads busy)
-_MIN_PUT_TASK_BYTES = 4 << 20
-_MIN_GET_TASK_BYTES = 1 << 20
-# nor is a put task longer than this: its checksum pass reads the records just before its
-# write copies them, and the bytes of the tasks in flight should still be in the CPU's cache
-# then (docs/benchmarks.md, "Put lanes")
-_MAX_PUT_TASK_BYTES = 8 << 20
-#: Records smaller than this store one put task at a time (see :func:`put_lane_width`).
-SMALL_RECORD_BYTES = 128 << 10
-
-
-def put_lane_width(durability: str, slot_bytes: int, io_threads: int) -> int:
-    """How many put tasks may run at once.
-
-    Buffered writes (``none``, ``rename``) into one arena serialise in the kernel, so puts
-    gain from running side by side only where one task's checksum (which lets go of the GIL)
-    overlaps another's write: two at a time for records whose checksum outweighs the Python
-    each record costs (from about 128 KiB), one at a time below that, where threads would
-    only contend for the GIL (``docs/benchmarks.md``, "Put lanes"). Under ``fsync`` the
-    barriers wait on the device, so every thread may wait on one.
-    """
-    if durability == "fsync":
-        return io_threads
-    return min(io_threads, 1 if slot_bytes < SMALL_RECORD_BYTES else 2)
 
 
 class DiskTier(Tier):
@@ -137,11 +117,10 @@ class DiskTier(Tier):
         min_free_bytes: keep at least this many bytes free on the filesystem (the budget
             shrinks when other writers fill the disk).
         io_threads: I/O threads; a job's records go to them as runs of adjacent arena slots
-            (one vectored system call each), cut so a large job uses every thread. Buffered
-            puts run at most two at a time, one for records under 128 KiB
-            (:func:`put_lane_width`), unless ``put_lanes`` says otherwise.
+            (one vectored system call each), cut so a large job uses every thread.
         put_lanes: how many put tasks may run at once (at most ``io_threads``); ``None``
-            (the default) chooses by durability and record size (:func:`put_lane_width`).
+            (the default): two, one for records under 128 KiB, every thread under ``fsync``
+            (``tasks.put_lane_width``).
         checksum: ``"auto"`` (xxh3 when installed, else crc32), ``"xxh3"`` or ``"crc32"``.
         verify_on_scan: also checksum every payload during the start-up scan (slower restart;
             reads verify anyway).
@@ -210,33 +189,22 @@ class DiskTier(Tier):
         self._lock = self._runtime.lock
         self._limit = self.capacity_bytes
         self._limit_at = -1.0
-        self._stats: dict[str, float] = dict.fromkeys(
-            (
-                "lookups",
-                "lookup_hits",
-                "bytes_read",
-                "bytes_written",
-                "read_seconds",
-                "write_seconds",
-                "gets",
-                "hits",
-                "puts",
-                "stored",
-                "evictions",
-                "deletes",
-                "corrupt_records",
-                "torn_records",
-                "scanned_records",
-                "scan_seconds",
-                "erase_errors",
-                "unreadable_slots",
-                "legacy_arena_bytes",
-                "policy_state_restored",
-                "policy_state_ignored",
-                "policy_state_errors",
-            ),
-            0.0,
-        )
+        # the common figures start at zero in TierStats; the arena's own are listed so that
+        # they are reported at zero too
+        self._stats: defaultdict[str, float] = defaultdict(float)
+        for name in (
+            "corrupt_records",
+            "torn_records",
+            "scanned_records",
+            "scan_seconds",
+            "erase_errors",
+            "unreadable_slots",
+            "legacy_arena_bytes",
+            "policy_state_restored",
+            "policy_state_ignored",
+            "policy_state_errors",
+        ):
+            self._stats[name] = 0.0
         self._drops = FailureLog(_QUIET_DROPS, DROP_WARNING_INTERVAL_S)
         self._get_failures = FailureLog()  # counted, never worth a warning
         self._health = TierHealth(ok=True)
@@ -345,7 +313,7 @@ class DiskTier(Tier):
                 tasks.append(RunItem(i, key, slot, entry))
             self._stats["evictions"] += evictions
             for chunk in chunk_runs(
-                tasks, self._threads, _MIN_PUT_TASK_BYTES, self.record_bytes, _MAX_PUT_TASK_BYTES
+                tasks, self._threads, MIN_PUT_TASK_BYTES, self.record_bytes, MAX_PUT_TASK_BYTES
             ):
                 runtime.spawn(job, self._run_put, job, chunk, written, lane=self._put_lane)
             return runtime.finish(job)
@@ -372,7 +340,7 @@ class DiskTier(Tier):
             if hit_keys:
                 hit_keys.reverse()  # tail first, as puts publish: a prefix head ends newest
                 self._index.access(hit_keys)
-            for chunk in chunk_runs(tasks, self._threads, _MIN_GET_TASK_BYTES, self.record_bytes):
+            for chunk in chunk_runs(tasks, self._threads, MIN_GET_TASK_BYTES, self.record_bytes):
                 runtime.spawn(job, self._run_get, job, chunk)
             return runtime.finish(job)
 
