@@ -4,8 +4,8 @@ no task under the minimum nor (for puts) over the maximum."""
 from __future__ import annotations
 
 from kvoffload.policies import BlockStatus
-from kvoffload.tiers.disk.tasks import RunItem, chunk_runs
 from kvoffload.tiers.disk.index import IndexEntry
+from kvoffload.tiers.disk.tasks import RunItem, chunk_runs
 
 MIB = 1 << 20
 
