@@ -465,7 +465,7 @@ class KVOffloadDiskTier(_KVOffloadSecondaryTier):
     ``capacity_bytes`` (required: the tier never holds more), ``eviction_policy`` (our
     ``policy``: any kvoffload policy name, default ``lru``) and ``cache_policy_module_path``
     (``policy_module_path``). Every other :class:`~kvoffload.tiers.disk.DiskTier` parameter
-    is accepted by its name (``durability``, ``min_free_bytes``, ``io_threads``,
+    is accepted by its name (``durability``, ``min_free_bytes``, ``io_threads``, ``put_lanes``,
     ``checksum``, ``verify_on_scan``, ``save_policy_state``, ``policy_params``, ``namespace``);
     ``namespace`` defaults to a fingerprint of vLLM's model, dtype, block geometry and (unless
     the layout is parallelism-agnostic) TP/PP rank, so engines of other models never read
