@@ -13,13 +13,14 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from kvoffload.keys import OffloadKey
-from kvoffload.tiers.base import JobKind, Presence, SlotMemory, TierResult
+from kvoffload.tiers.base import JobKind, Presence, SlotMemory
 from kvoffload.tiers.redis.records import RecordCodec, RecordError
 from kvoffload.tiers.redis.transport import RedisTransport, _reason_of
+from kvoffload.tiers.runtime import Job
 
 logger = logging.getLogger(__name__)
 
@@ -65,41 +66,35 @@ class RedisRecordIO(RedisTransport):
         while len(self._verdicts) > self.verdict_cache_entries:
             self._verdicts.popitem(last=False)
 
-    def _pieces(self, count: int, per_item: int) -> Iterator[range]:
-        step = max(1, self.max_pipeline_bytes // max(per_item, 1))
-        for start in range(0, count, step):
-            yield range(start, min(count, start + step))
+    def _exchanges(
+        self,
+        keys: Sequence[OffloadKey],
+        slots: Sequence[int],
+        direct: Callable[..., list[Any]],
+        piped: Callable[[list[bytes], list[OffloadKey], list[int]], list[Any]],
+    ) -> Iterator[tuple[range, list[Any]]]:
+        """The job in pieces of about ``max_pipeline_bytes``, each with its answers:
+        ``direct(conn, names=, keys=, slots=)`` on a pooled socket where records go over one
+        (see :mod:`wire`), else ``piped(names, keys, slots)``."""
+        step = max(1, self.max_pipeline_bytes // max(self.memory.slot_bytes, 1))
+        for start in range(0, len(keys), step):
+            piece = range(start, min(len(keys), start + step))
+            names = [self._name(keys[i]) for i in piece]
+            piece_keys = [keys[i] for i in piece]
+            piece_slots = [slots[i] for i in piece]
+            if self._direct is None:
+                yield piece, piped(names, piece_keys, piece_slots)
+            else:
+                talk = functools.partial(direct, names=names, keys=piece_keys, slots=piece_slots)
+                yield piece, self._direct_exchange(len(piece), talk)
 
-    def _run_put(
-        self, job_id: int, keys: Sequence[OffloadKey], slots: Sequence[int], generation: int
-    ) -> TierResult:
+    def _run_put(self, job: Job, slots: Sequence[int]) -> None:
         started = time.perf_counter()
+        keys = job.keys
         ok = [False] * len(keys)
         reasons: dict[int, str] = {}
         written = 0
-        px = self.ttl_ms or None
-        for piece in self._pieces(len(keys), self.memory.slot_bytes):
-            names = [self._name(keys[i]) for i in piece]
-            if self._direct is not None:
-                answers = self._direct_exchange(
-                    len(piece),
-                    functools.partial(
-                        self._send_records,
-                        names=names,
-                        keys=[keys[i] for i in piece],
-                        slots=[slots[i] for i in piece],
-                        px=px,
-                    ),
-                )
-            else:
-                buffers = self._record_buffers(len(piece))
-                records = {
-                    name: self.codec.encode_into(buf, keys[i], self.memory.slot_view(slots[i]))
-                    for name, i, buf in zip(names, piece, buffers, strict=False)
-                }
-                answers = self._pipelined(
-                    names, functools.partial(_set_absent, records=records, px=px)
-                )
+        for piece, answers in self._exchanges(keys, slots, self._send_records, self._set_piped):
             taken = [
                 i
                 for i, answer in zip(piece, answers, strict=True)
@@ -125,7 +120,7 @@ class RedisRecordIO(RedisTransport):
                         ok[i] = True
                         self._stats["records_existing"] += 1
                         self._remember(keys[i], Presence.HIT, now)
-        return self._result(job_id, JobKind.PUT, keys, ok, generation, written, started, reasons)
+        self._result(job, ok, reasons, written, started)
 
     def _check_taken(self, keys: list[OffloadKey]) -> dict[OffloadKey, str]:
         """Of ``keys`` whose ``SET NX`` found the name taken, those we could not read back,
@@ -138,10 +133,7 @@ class RedisRecordIO(RedisTransport):
         """
         if not keys:
             return {}
-        limits = {self._name(key): self._record_bytes(key) for key in keys}
-        answers = self._pipelined(
-            list(limits), lambda pipe, name: pipe.getrange(name, 0, limits[name])
-        )
+        answers = self._read_piped([self._name(key) for key in keys], keys, px=0)
         out: dict[OffloadKey, str] = {}
         for key, answer in zip(keys, answers, strict=True):
             if isinstance(answer, BaseException):
@@ -172,14 +164,14 @@ class RedisRecordIO(RedisTransport):
         names: list[bytes],
         keys: list[OffloadKey],
         slots: list[int],
-        px: int | None,
     ) -> list[Any]:
-        """``SET name record NX [PX px]`` for each record on ``conn``; one answer per record.
+        """``SET name record NX [PX ttl]`` for each record on ``conn``; one answer per record.
 
         Each record's header is built (and its payload hashed) just before it is sent, so the
         next one is hashed while the kernel and the server move this one; the payload is sent
         from its slot, never copied (the slot stays unchanged until the job is polled).
         """
+        px = self.ttl_ms or None
         tail = b""
         for n, (name, key, slot) in enumerate(zip(names, keys, slots, strict=True)):
             payload = self.memory.slot_view(slot)
@@ -201,12 +193,12 @@ class RedisRecordIO(RedisTransport):
         names: list[bytes],
         keys: list[OffloadKey],
         slots: list[int],
-        px: int,
     ) -> list[Any]:
-        """``PEXPIRE name PX px`` (none without a TTL) and ``GETRANGE name 0 <record bytes>``
+        """``PEXPIRE name ttl`` (none without a TTL) and ``GETRANGE name 0 <record bytes>``
         for each name on ``conn``: one outcome per record (see :meth:`_outcome`), each verified
         and copied as soon as it has arrived. No reply is received beyond one byte over the
         record's size: a longer bulk length is a protocol error, before its bytes are read."""
+        px = self.ttl_ms
         limits = [self._record_bytes(key) for key in keys]
         conn.send_packed_command(
             [
@@ -240,6 +232,35 @@ class RedisRecordIO(RedisTransport):
         if replies.buffered:
             raise RedisConnectionError("Protocol error: data after the last reply")
         return outcomes
+
+    def _set_piped(self, names: list[bytes], keys: list[OffloadKey], slots: list[int]) -> list[Any]:
+        """``SET name record NX [PX ttl]`` for each record in a pipeline: never overwrite."""
+        buffers = self._record_buffers(len(names))
+        records = {
+            name: self.codec.encode_into(buf, key, self.memory.slot_view(slot))
+            for name, key, slot, buf in zip(names, keys, slots, buffers, strict=True)
+        }
+        px = self.ttl_ms or None
+        return self._pipelined(
+            names, lambda pipe, name: pipe.set(name, records[name], nx=True, px=px)
+        )
+
+    def _get_piped(self, names: list[bytes], keys: list[OffloadKey], slots: list[int]) -> list[Any]:
+        """What :meth:`_fetch_records` does, in a pipeline: one outcome per record."""
+        answers = self._read_piped(names, keys, self.ttl_ms)
+        return [self._outcome(*args) for args in zip(keys, slots, answers, strict=True)]
+
+    def _read_piped(self, names: list[bytes], keys: Sequence[OffloadKey], px: int) -> list[Any]:
+        """``[PEXPIRE name px]`` and ``GETRANGE name 0 <record bytes>`` for each name in a
+        pipeline: one answer per name."""
+        limits = {name: self._record_bytes(key) for name, key in zip(names, keys, strict=True)}
+
+        def fetch(pipe: Any, name: bytes) -> object:
+            if px:
+                pipe.pexpire(name, px)
+            return pipe.getrange(name, 0, limits[name])
+
+        return self._pipelined(names, fetch, 2 if px else 1)
 
     def _record_bytes(self, key: bytes) -> int:
         """The size of ``key``'s record: no value under its name is received past one byte
@@ -294,41 +315,14 @@ class RedisRecordIO(RedisTransport):
             buffers.append(bytearray(size))
         return buffers[:count]
 
-    def _run_get(
-        self, job_id: int, keys: Sequence[OffloadKey], slots: Sequence[int], generation: int
-    ) -> TierResult:
+    def _run_get(self, job: Job, slots: Sequence[int]) -> None:
         started = time.perf_counter()
+        keys = job.keys
         ok = [False] * len(keys)
         reasons: dict[int, str] = {}
         read = 0
         bad: list[bytes] = []
-        px = self.ttl_ms
-        limits = {self._name(key): self._record_bytes(key) for key in keys}
-
-        def fetch(pipe: Any, name: bytes) -> object:
-            if px:
-                pipe.pexpire(name, px)
-            return pipe.getrange(name, 0, limits[name])
-
-        for piece in self._pieces(len(keys), self.memory.slot_bytes):
-            names = [self._name(keys[i]) for i in piece]
-            if self._direct is not None:
-                outcomes = self._direct_exchange(
-                    len(piece),
-                    functools.partial(
-                        self._fetch_records,
-                        names=names,
-                        keys=[keys[i] for i in piece],
-                        slots=[slots[i] for i in piece],
-                        px=px,
-                    ),
-                )
-            else:
-                answers = self._pipelined(names, fetch, 2 if px else 1)
-                outcomes = [
-                    self._outcome(keys[i], slots[i], answer)
-                    for i, answer in zip(piece, answers, strict=True)
-                ]
+        for piece, outcomes in self._exchanges(keys, slots, self._fetch_records, self._get_piped):
             now = time.monotonic()
             dropped: list[tuple[OffloadKey, RecordError]] = []
             with self._lock:  # one acquisition a piece, not one a record
@@ -361,10 +355,11 @@ class RedisRecordIO(RedisTransport):
             answers = self._pipelined([self._name(k) for k in bad], lambda p, n: p.delete(n))
             with self._lock:
                 self._stats["records_deleted_bad"] += sum(a == 1 for a in answers)
-        return self._result(job_id, JobKind.GET, keys, ok, generation, read, started, reasons)
+        self._result(job, ok, reasons, read, started)
 
-    def _run_delete(self, job_id: int, keys: Sequence[OffloadKey], generation: int) -> TierResult:
+    def _run_delete(self, job: Job) -> None:
         started = time.perf_counter()
+        keys = job.keys
         ok = [False] * len(keys)
         reasons: dict[int, str] = {}
         answers = self._pipelined([self._name(k) for k in keys], lambda p, n: p.delete(n))
@@ -380,42 +375,21 @@ class RedisRecordIO(RedisTransport):
                 else:
                     reasons[i] = "missing"
                 self._remember(keys[i], Presence.MISS, now)
-        return self._result(job_id, JobKind.DELETE, keys, ok, generation, 0, started, reasons)
+        self._result(job, ok, reasons, 0, started)
 
     def _result(
-        self,
-        job_id: int,
-        kind: JobKind,
-        keys: Sequence[OffloadKey],
-        ok: list[bool],
-        generation: int,
-        nbytes: int,
-        started: float,
-        reasons: dict[int, str],
-    ) -> TierResult:
+        self, job: Job, ok: list[bool], reasons: dict[int, str], nbytes: int, started: float
+    ) -> None:
+        """Count the job's bytes, seconds and failures, and give it its verdicts."""
         seconds = time.perf_counter() - started
         with self._lock:
-            self._stats[_BYTES[kind]] += nbytes
-            self._stats[_SECONDS[kind]] += seconds  # type: ignore[assignment]
+            self._stats[_BYTES[job.kind]] += nbytes
+            self._stats[_SECONDS[job.kind]] += seconds  # type: ignore[assignment]
             for reason in reasons.values():
-                self._stats[f"{kind.value}_failed_{reason}"] += 1
-        return TierResult(
-            job_id=job_id,
-            kind=kind,
-            keys=tuple(keys),
-            ok=tuple(ok),
-            generation=generation,
-            nbytes=nbytes,
-            seconds=seconds,
-            reasons=reasons,
-        )
-
-
-def _set_absent(
-    pipe: Any, name: bytes, *, records: dict[bytes, memoryview], px: int | None
-) -> object:
-    """Queue ``SET name record NX [PX px]``: never overwrite, one round trip."""
-    return pipe.set(name, records[name], nx=True, px=px)
+                self._stats[f"{job.kind.value}_failed_{reason}"] += 1
+            job.ok[:] = ok
+            job.reasons.update(reasons)
+            job.nbytes = nbytes
 
 
 __all__ = ["RedisRecordIO"]

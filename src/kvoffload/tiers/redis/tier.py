@@ -246,7 +246,7 @@ class RedisTier(RedisRecordIO, Tier):
                 if deadline is not None:
                     out.append(Presence.UNKNOWN if deadline > now else Presence.MISS)
                     continue
-                if not self._is_cluster and now < self._down_until.get(None, 0.0):
+                if now < self._down_until.get(None, 0.0):
                     out.append(Presence.MISS)
                     continue
                 self._lookups[key] = now + self.lookup_deadline_s
@@ -280,99 +280,72 @@ class RedisTier(RedisRecordIO, Tier):
                     continue  # no verdict: the key reads MISS until asked again
                 self._remember(key, Presence.HIT if answer else Presence.MISS, now)
 
-    def _open(self, kind: JobKind, keys: Sequence[OffloadKey], generation: int) -> tuple[Job, bool]:
-        """A new job and whether it may run: on a closed tier it is already reported, each
-        key ``"closed"`` (the one closed-tier rule of ``runtime``)."""
-        with self._lock:
+    def _submit(
+        self,
+        kind: JobKind,
+        keys: tuple[OffloadKey, ...],
+        generation: int,
+        run: Callable[[Job], None],
+        nbytes: int = 0,
+    ) -> int:
+        """A new job, ``run`` on a worker (it fills in the job's verdicts), holding ``nbytes``
+        of the in-flight bound; one that may not run is reported at once, each key failed."""
+        with self._lock:  # the closed check and the hand-off in one step: close waits for it
             self._stats[f"{kind.value}_jobs"] += 1
             if kind is not JobKind.DELETE:  # "deletes" counts records deleted
                 self._stats[f"{kind.value}s"] += len(keys)
             job = self._runtime.open_job(kind, keys, generation)
-            if not self._runtime.closed:
-                return job, True
-            self._stats["failed_closed"] += len(keys)
-            self._runtime.finish(job)
-            return job, False
+            if self._runtime.closed:
+                return self._fail(job, CLOSED)
+            if not self._available():  # on a cluster each node's back-off is checked per key
+                return self._fail(job, "unavailable")
+            inflight = self._inflight_bytes
+            if kind is JobKind.PUT and inflight and inflight + nbytes > self.max_inflight_bytes:
+                return self._fail(job, "backpressure")
+            self._inflight_bytes += nbytes
+            self._runtime.spawn(job, self._run_job, job, run, nbytes)
+            return job.job_id
 
-    def _fail(self, job: Job, reason: str) -> int:
-        """Report ``job`` at once, every key failed with ``reason``."""
+    def _run_job(self, job: Job, run: Callable[[Job], None], reserved: int) -> None:
+        done = False
+        if not self._runtime.closed:
+            try:
+                run(job)
+                done = True
+            except Exception:  # a bug in a job: never lose the job, but show the bug
+                logger.exception("redis tier job %d raised", job.job_id)
         with self._lock:
-            self._stats[f"failed_{reason}"] += len(job.keys)
-            job.fail_all(reason)
-            return self._runtime.finish(job)
-
-    def _launch(self, job: Job, run: Callable[[], TierResult], reserved: int = 0) -> int:
-        """Run ``run`` on a worker as the job's one task; its result's verdicts are the job's."""
-
-        def task() -> None:
-            result: TierResult | None = None
-            if not self._runtime.closed:
-                try:
-                    result = run()
-                except Exception:  # a bug in a job: never lose the job, but show the bug
-                    logger.exception("redis tier job %d raised", job.job_id)
-            with self._lock:
-                if reserved:
-                    self._inflight_bytes -= reserved
-                if result is not None:
-                    job.ok[:] = result.ok
-                    job.reasons.update(result.reasons)
-                    job.nbytes = result.nbytes
-                else:
-                    reason = CANCELLED if self._runtime.closed else "io_error"
-                    self._stats[f"failed_{reason}"] += len(job.keys)
-                    job.fail_all(reason)
-                self._runtime.finish(job, 1)
-
-        with self._lock:  # the closed check and the hand-off in one step: close waits for it
-            if not self._runtime.closed:
-                self._runtime.spawn(job, task)
-                return job.job_id
             self._inflight_bytes -= reserved
-            self._stats["failed_closed"] += len(job.keys)
-            job.fail_all(CLOSED)
-            return self._runtime.finish(job)
+            if done:
+                self._runtime.finish(job, 1)
+            else:
+                self._fail(job, CANCELLED if self._runtime.closed else "io_error", 1)
+
+    def _fail(self, job: Job, reason: str, tasks_done: int = 0) -> int:
+        """Report ``job``, every key without a verdict failed with ``reason`` (lock held)."""
+        self._stats[f"failed_{reason}"] += len(job.keys)
+        job.fail_all(reason)
+        return self._runtime.finish(job, tasks_done)
 
     def submit_put(
         self, keys: Sequence[OffloadKey], slots: Sequence[int], generation: int = 0
     ) -> int:
         keys, slots = check_batch(keys, slots, self.memory.num_slots)
-        job, runs = self._open(JobKind.PUT, keys, generation)
-        if not runs:
-            return job.job_id
         nbytes = len(keys) * self.memory.slot_bytes
-        with self._lock:
-            over = self._inflight_bytes + nbytes > self.max_inflight_bytes and self._inflight_bytes
-            unavailable = not self._is_cluster and not self._available()
-            if not over and not unavailable:
-                self._inflight_bytes += nbytes
-        if unavailable:
-            return self._fail(job, "unavailable")
-        if over:
-            return self._fail(job, "backpressure")
-        return self._launch(job, lambda: self._run_put(job.job_id, keys, slots, generation), nbytes)
+        return self._submit(
+            JobKind.PUT, keys, generation, lambda job: self._run_put(job, slots), nbytes
+        )
 
     def submit_get(
         self, keys: Sequence[OffloadKey], slots: Sequence[int], generation: int = 0
     ) -> int:
         keys, slots = check_batch(keys, slots, self.memory.num_slots)
-        job, runs = self._open(JobKind.GET, keys, generation)
-        if not runs:
-            return job.job_id
-        if not self._is_cluster and not self._available():
-            return self._fail(job, "unavailable")
-        return self._launch(job, lambda: self._run_get(job.job_id, keys, slots, generation))
+        return self._submit(JobKind.GET, keys, generation, lambda job: self._run_get(job, slots))
 
     def submit_delete(self, keys: Sequence[OffloadKey], generation: int = 0) -> int:
         if isinstance(keys, (bytes, str)):
             raise TypeError("keys must be a sequence (a single key is [key])")
-        keys = tuple(keys)
-        job, runs = self._open(JobKind.DELETE, keys, generation)
-        if not runs:
-            return job.job_id
-        if not self._available():
-            return self._fail(job, "unavailable")
-        return self._launch(job, lambda: self._run_delete(job.job_id, keys, generation))
+        return self._submit(JobKind.DELETE, tuple(keys), generation, self._run_delete)
 
     def poll(self) -> list[TierResult]:
         return self._runtime.poll()
