@@ -17,10 +17,9 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from kvoffload.keys import OffloadKey
-from kvoffload.tiers.base import JobKind, Presence, SlotMemory
+from kvoffload.tiers.base import Presence, SlotMemory
 from kvoffload.tiers.redis.records import RecordCodec, RecordError
 from kvoffload.tiers.redis.transport import RedisTransport, _reason_of
-from kvoffload.tiers.runtime import Job
 
 logger = logging.getLogger(__name__)
 
@@ -31,13 +30,8 @@ try:
 except ImportError:  # pragma: no cover - only without the [redis] extra
     pass
 
-#: Where a job's bytes and seconds are counted, by kind (a delete's are this tier's own).
-_BYTES = {JobKind.PUT: "bytes_written", JobKind.GET: "bytes_read", JobKind.DELETE: "delete_bytes"}
-_SECONDS = {
-    JobKind.PUT: "write_seconds",
-    JobKind.GET: "read_seconds",
-    JobKind.DELETE: "delete_seconds",
-}
+#: A job's outcome: whether each key succeeded, the reasons of those that failed, bytes moved.
+Outcome = tuple[list[bool], dict[int, str], int]
 
 
 class RedisRecordIO(RedisTransport):
@@ -88,9 +82,7 @@ class RedisRecordIO(RedisTransport):
                 talk = functools.partial(direct, names=names, keys=piece_keys, slots=piece_slots)
                 yield piece, self._direct_exchange(len(piece), talk)
 
-    def _run_put(self, job: Job, slots: Sequence[int]) -> None:
-        started = time.perf_counter()
-        keys = job.keys
+    def _run_put(self, keys: Sequence[OffloadKey], slots: Sequence[int]) -> Outcome:
         ok = [False] * len(keys)
         reasons: dict[int, str] = {}
         written = 0
@@ -120,7 +112,7 @@ class RedisRecordIO(RedisTransport):
                         ok[i] = True
                         self._stats["records_existing"] += 1
                         self._remember(keys[i], Presence.HIT, now)
-        self._result(job, ok, reasons, written, started)
+        return ok, reasons, written
 
     def _check_taken(self, keys: list[OffloadKey]) -> dict[OffloadKey, str]:
         """Of ``keys`` whose ``SET NX`` found the name taken, those we could not read back,
@@ -209,7 +201,8 @@ class RedisRecordIO(RedisTransport):
             ]
         )
         replies = wire.Replies(conn._sock)
-        buffer = self._get_buffer()
+        # a record buffer of this thread: a tier sending records directly never encodes into one
+        buffer = memoryview(self._record_buffers(1)[0])
         allowed = 0
 
         def buffer_for(size: int) -> memoryview:
@@ -277,14 +270,6 @@ class RedisRecordIO(RedisTransport):
             return answer
         return RecordError("corrupt", f"a {type(answer).__name__} reply to GETRANGE")
 
-    def _get_buffer(self) -> memoryview:
-        """This thread's reusable receive buffer, one record of the largest key."""
-        buffer: memoryview | None = getattr(self._local, "get_buffer", None)
-        if buffer is None:
-            size = self.codec.header_bytes(bytes(64)) + self.memory.slot_bytes
-            buffer = self._local.get_buffer = memoryview(bytearray(size))
-        return buffer
-
     def _load(self, key: OffloadKey, slot: int, record: bytes | bytearray | memoryview) -> Any:
         """Verify ``record`` and copy its payload into ``slot``: ``True``, or the
         :class:`RecordError` that says why it must not be served (the slot is untouched)."""
@@ -306,18 +291,17 @@ class RedisRecordIO(RedisTransport):
         return True
 
     def _record_buffers(self, count: int) -> list[bytearray]:
-        """This thread's reusable record buffers (no 2 MiB allocation and free per record)."""
+        """This thread's reusable buffers, each one record of the longest key (no 2 MiB
+        allocation and free per record)."""
         buffers: list[bytearray] | None = getattr(self._local, "buffers", None)
         if buffers is None:
             buffers = self._local.buffers = []
-        size = self.codec.header_bytes(bytes(64)) + self.memory.slot_bytes
+        size = self._record_bytes(bytes(64))
         while len(buffers) < count:
             buffers.append(bytearray(size))
         return buffers[:count]
 
-    def _run_get(self, job: Job, slots: Sequence[int]) -> None:
-        started = time.perf_counter()
-        keys = job.keys
+    def _run_get(self, keys: Sequence[OffloadKey], slots: Sequence[int]) -> Outcome:
         ok = [False] * len(keys)
         reasons: dict[int, str] = {}
         read = 0
@@ -355,11 +339,9 @@ class RedisRecordIO(RedisTransport):
             answers = self._pipelined([self._name(k) for k in bad], lambda p, n: p.delete(n))
             with self._lock:
                 self._stats["records_deleted_bad"] += sum(a == 1 for a in answers)
-        self._result(job, ok, reasons, read, started)
+        return ok, reasons, read
 
-    def _run_delete(self, job: Job) -> None:
-        started = time.perf_counter()
-        keys = job.keys
+    def _run_delete(self, keys: Sequence[OffloadKey]) -> Outcome:
         ok = [False] * len(keys)
         reasons: dict[int, str] = {}
         answers = self._pipelined([self._name(k) for k in keys], lambda p, n: p.delete(n))
@@ -375,21 +357,7 @@ class RedisRecordIO(RedisTransport):
                 else:
                     reasons[i] = "missing"
                 self._remember(keys[i], Presence.MISS, now)
-        self._result(job, ok, reasons, 0, started)
-
-    def _result(
-        self, job: Job, ok: list[bool], reasons: dict[int, str], nbytes: int, started: float
-    ) -> None:
-        """Count the job's bytes, seconds and failures, and give it its verdicts."""
-        seconds = time.perf_counter() - started
-        with self._lock:
-            self._stats[_BYTES[job.kind]] += nbytes
-            self._stats[_SECONDS[job.kind]] += seconds  # type: ignore[assignment]
-            for reason in reasons.values():
-                self._stats[f"{job.kind.value}_failed_{reason}"] += 1
-            job.ok[:] = ok
-            job.reasons.update(reasons)
-            job.nbytes = nbytes
+        return ok, reasons, 0
 
 
-__all__ = ["RedisRecordIO"]
+__all__ = ["Outcome", "RedisRecordIO"]

@@ -43,7 +43,7 @@ from kvoffload.tiers.base import (
     check_seconds,
 )
 from kvoffload.tiers.redis.connect import glob_escape, namespace_text, redis_available
-from kvoffload.tiers.redis.record_io import RedisRecordIO
+from kvoffload.tiers.redis.record_io import Outcome, RedisRecordIO
 from kvoffload.tiers.redis.records import RecordCodec
 from kvoffload.tiers.redis.transport import RedisError
 from kvoffload.tiers.runtime import CANCELLED, CLOSED, Job, TierRuntime, check_batch
@@ -52,6 +52,14 @@ logger = logging.getLogger(__name__)
 
 _DEFAULT_MAX_VALUE = 512 * 2**20  # redis.conf proto-max-bulk-len default
 _KEY_CHARS_OK = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.")
+
+#: Where a job's bytes and seconds are counted, by kind (a delete's are this tier's own).
+_BYTES = {JobKind.PUT: "bytes_written", JobKind.GET: "bytes_read", JobKind.DELETE: "delete_bytes"}
+_SECONDS = {
+    JobKind.PUT: "write_seconds",
+    JobKind.GET: "read_seconds",
+    JobKind.DELETE: "delete_seconds",
+}
 
 
 class RedisTier(RedisRecordIO, Tier):
@@ -174,7 +182,7 @@ class RedisTier(RedisRecordIO, Tier):
         self.max_backoff_s = float(max_backoff_s)
         self.max_value_bytes = max_value_bytes
         self._is_cluster = cluster
-        record_bytes = self.codec.header_bytes(bytes(40)) + memory.slot_bytes
+        record_bytes = self._record_bytes(bytes(40))
         if record_bytes > max_value_bytes:
             raise ValueError(
                 f"a record of one {memory.slot_bytes}-byte slot needs {record_bytes} bytes, over "
@@ -285,10 +293,10 @@ class RedisTier(RedisRecordIO, Tier):
         kind: JobKind,
         keys: tuple[OffloadKey, ...],
         generation: int,
-        run: Callable[[Job], None],
+        run: Callable[[], Outcome],
         nbytes: int = 0,
     ) -> int:
-        """A new job, ``run`` on a worker (it fills in the job's verdicts), holding ``nbytes``
+        """A new job, ``run`` on a worker (its outcome is the job's), holding ``nbytes``
         of the in-flight bound; one that may not run is reported at once, each key failed."""
         with self._lock:  # the closed check and the hand-off in one step: close waits for it
             self._stats[f"{kind.value}_jobs"] += 1
@@ -306,20 +314,27 @@ class RedisTier(RedisRecordIO, Tier):
             self._runtime.spawn(job, self._run_job, job, run, nbytes)
             return job.job_id
 
-    def _run_job(self, job: Job, run: Callable[[Job], None], reserved: int) -> None:
-        done = False
+    def _run_job(self, job: Job, run: Callable[[], Outcome], reserved: int) -> None:
+        outcome: Outcome | None = None
+        started = time.perf_counter()
         if not self._runtime.closed:
             try:
-                run(job)
-                done = True
+                outcome = run()
             except Exception:  # a bug in a job: never lose the job, but show the bug
                 logger.exception("redis tier job %d raised", job.job_id)
+        seconds = time.perf_counter() - started
         with self._lock:
             self._inflight_bytes -= reserved
-            if done:
-                self._runtime.finish(job, 1)
-            else:
+            if outcome is None:
                 self._fail(job, CANCELLED if self._runtime.closed else "io_error", 1)
+                return
+            job.ok[:], reasons, job.nbytes = outcome
+            job.reasons.update(reasons)
+            self._stats[_BYTES[job.kind]] += job.nbytes
+            self._stats[_SECONDS[job.kind]] += seconds  # type: ignore[assignment]
+            for reason in reasons.values():
+                self._stats[f"{job.kind.value}_failed_{reason}"] += 1
+            self._runtime.finish(job, 1)
 
     def _fail(self, job: Job, reason: str, tasks_done: int = 0) -> int:
         """Report ``job``, every key without a verdict failed with ``reason`` (lock held)."""
@@ -333,19 +348,20 @@ class RedisTier(RedisRecordIO, Tier):
         keys, slots = check_batch(keys, slots, self.memory.num_slots)
         nbytes = len(keys) * self.memory.slot_bytes
         return self._submit(
-            JobKind.PUT, keys, generation, lambda job: self._run_put(job, slots), nbytes
+            JobKind.PUT, keys, generation, lambda: self._run_put(keys, slots), nbytes
         )
 
     def submit_get(
         self, keys: Sequence[OffloadKey], slots: Sequence[int], generation: int = 0
     ) -> int:
         keys, slots = check_batch(keys, slots, self.memory.num_slots)
-        return self._submit(JobKind.GET, keys, generation, lambda job: self._run_get(job, slots))
+        return self._submit(JobKind.GET, keys, generation, lambda: self._run_get(keys, slots))
 
     def submit_delete(self, keys: Sequence[OffloadKey], generation: int = 0) -> int:
         if isinstance(keys, (bytes, str)):
             raise TypeError("keys must be a sequence (a single key is [key])")
-        return self._submit(JobKind.DELETE, tuple(keys), generation, self._run_delete)
+        keys = tuple(keys)
+        return self._submit(JobKind.DELETE, keys, generation, lambda: self._run_delete(keys))
 
     def poll(self) -> list[TierResult]:
         return self._runtime.poll()
