@@ -64,11 +64,11 @@ class RedisRecordIO(RedisTransport):
         self,
         keys: Sequence[OffloadKey],
         slots: Sequence[int],
-        direct: Callable[..., list[Any]],
+        direct: Callable[[list[bytes], list[OffloadKey], list[int], Any], list[Any]],
         piped: Callable[[list[bytes], list[OffloadKey], list[int]], list[Any]],
     ) -> Iterator[tuple[range, list[Any]]]:
         """The job in pieces of about ``max_pipeline_bytes``, each with its answers:
-        ``direct(conn, names=, keys=, slots=)`` on a pooled socket where records go over one
+        ``direct(names, keys, slots, conn)`` on a pooled socket where records go over one
         (see :mod:`wire`), else ``piped(names, keys, slots)``."""
         step = max(1, self.max_pipeline_bytes // max(self.memory.slot_bytes, 1))
         for start in range(0, len(keys), step):
@@ -79,7 +79,7 @@ class RedisRecordIO(RedisTransport):
             if self._direct is None:
                 yield piece, piped(names, piece_keys, piece_slots)
             else:
-                talk = functools.partial(direct, names=names, keys=piece_keys, slots=piece_slots)
+                talk = functools.partial(direct, names, piece_keys, piece_slots)
                 yield piece, self._direct_exchange(len(piece), talk)
 
     def _run_put(self, keys: Sequence[OffloadKey], slots: Sequence[int]) -> Outcome:
@@ -150,12 +150,7 @@ class RedisRecordIO(RedisTransport):
         return out
 
     def _send_records(
-        self,
-        conn: Any,
-        *,
-        names: list[bytes],
-        keys: list[OffloadKey],
-        slots: list[int],
+        self, names: list[bytes], keys: list[OffloadKey], slots: list[int], conn: Any
     ) -> list[Any]:
         """``SET name record NX [PX ttl]`` for each record on ``conn``; one answer per record.
 
@@ -179,12 +174,7 @@ class RedisRecordIO(RedisTransport):
         return answers
 
     def _fetch_records(
-        self,
-        conn: Any,
-        *,
-        names: list[bytes],
-        keys: list[OffloadKey],
-        slots: list[int],
+        self, names: list[bytes], keys: list[OffloadKey], slots: list[int], conn: Any
     ) -> list[Any]:
         """``PEXPIRE name ttl`` (none without a TTL) and ``GETRANGE name 0 <record bytes>``
         for each name on ``conn``: one outcome per record (see :meth:`_outcome`), each verified
@@ -262,24 +252,22 @@ class RedisRecordIO(RedisTransport):
 
     def _outcome(self, key: OffloadKey, slot: int, answer: Any) -> Any:
         """What a ``GETRANGE`` answer means: ``True`` (verified, copied into ``slot``), ``None``
-        (missing: the empty string of an absent name), a :class:`RecordError`, or the
-        exception object of a failed command."""
-        if isinstance(answer, (bytes, bytearray, memoryview)):
-            return self._load(key, slot, answer) if len(answer) else None
+        (missing: the empty string of an absent name), the :class:`RecordError` that says why
+        it must not be served (the slot is untouched), or the exception object of a failed
+        command."""
         if answer is None or isinstance(answer, BaseException):
             return answer
-        return RecordError("corrupt", f"a {type(answer).__name__} reply to GETRANGE")
-
-    def _load(self, key: OffloadKey, slot: int, record: bytes | bytearray | memoryview) -> Any:
-        """Verify ``record`` and copy its payload into ``slot``: ``True``, or the
-        :class:`RecordError` that says why it must not be served (the slot is untouched)."""
+        if not isinstance(answer, (bytes, bytearray, memoryview)):
+            return RecordError("corrupt", f"a {type(answer).__name__} reply to GETRANGE")
+        if not answer:
+            return None
         try:
-            if len(record) > self._record_bytes(key):  # a range cut at one byte over
-                self.codec.check_header(key, memoryview(record))
+            if len(answer) > self._record_bytes(key):  # a range cut at one byte over
+                self.codec.check_header(key, memoryview(answer))
                 raise RecordError(  # ours but for another slot size: some other reader's
                     "oversized", f"a value longer than the {self._record_bytes(key)}-byte record"
                 )
-            payload = self.codec.payload_of(key, memoryview(record))
+            payload = self.codec.payload_of(key, memoryview(answer))
             view = self.memory.slot_view(slot)
             if len(payload) != len(view):
                 raise RecordError(
