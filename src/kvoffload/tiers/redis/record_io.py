@@ -128,25 +128,22 @@ class RedisRecordIO(RedisTransport):
         answers = self._read_piped([self._name(key) for key in keys], keys, px=0)
         out: dict[OffloadKey, str] = {}
         for key, answer in zip(keys, answers, strict=True):
-            if isinstance(answer, BaseException):
-                if "WRONGTYPE" not in str(answer):
-                    out[key] = _reason_of(answer)
-                    continue
-                error: Exception = RecordError("name_taken", "a value of another type")
-            else:
-                try:
-                    if not answer:
-                        raise RecordError("name_taken", "gone since the put found it")
-                    if len(answer) > self._record_bytes(key):
-                        raise RecordError("name_taken", "a value longer than our record")
-                    payload = self.codec.payload_of(key, memoryview(answer))
-                    if len(payload) != self.memory.slot_bytes:
-                        raise RecordError("name_taken", f"a {len(payload)}-byte payload")
-                    continue
-                except RecordError as exc:
-                    error = exc
-            out[key] = "name_taken"
-            logger.warning("redis tier: put of %s found its name taken (%s)", key.hex(), error)
+            if isinstance(answer, BaseException) and "WRONGTYPE" not in str(answer):
+                out[key] = _reason_of(answer)
+                continue
+            try:
+                if isinstance(answer, BaseException):
+                    raise RecordError("name_taken", "a value of another type")
+                if not answer:
+                    raise RecordError("name_taken", "gone since the put found it")
+                if len(answer) > self._record_bytes(key):
+                    raise RecordError("name_taken", "a value longer than our record")
+                payload = self.codec.payload_of(key, answer)
+                if len(payload) != self.memory.slot_bytes:
+                    raise RecordError("name_taken", f"a {len(payload)}-byte payload")
+            except RecordError as error:
+                out[key] = "name_taken"
+                logger.warning("redis tier: put of %s found its name taken (%s)", key.hex(), error)
         return out
 
     def _send_records(
