@@ -294,10 +294,9 @@ class RedisTier(RedisRecordIO, Tier):
         keys: tuple[OffloadKey, ...],
         generation: int,
         run: Callable[[], Outcome],
-        nbytes: int = 0,
     ) -> int:
-        """A new job, ``run`` on a worker (its outcome is the job's), holding ``nbytes``
-        of the in-flight bound; one that may not run is reported at once, each key failed."""
+        """A new job, ``run`` on a worker (its outcome is the job's; a put holds its bytes of
+        the in-flight bound); one that may not run is reported at once, each key failed."""
         with self._lock:  # the closed check and the hand-off in one step: close waits for it
             self._stats[f"{kind.value}_jobs"] += 1
             if kind is not JobKind.DELETE:  # "deletes" counts records deleted
@@ -307,6 +306,7 @@ class RedisTier(RedisRecordIO, Tier):
                 return self._fail(job, CLOSED)
             if not self._available():  # on a cluster each node's back-off is checked per key
                 return self._fail(job, "unavailable")
+            nbytes = len(keys) * self.memory.slot_bytes if kind is JobKind.PUT else 0
             inflight = self._inflight_bytes
             if kind is JobKind.PUT and inflight and inflight + nbytes > self.max_inflight_bytes:
                 return self._fail(job, "backpressure")
@@ -346,10 +346,7 @@ class RedisTier(RedisRecordIO, Tier):
         self, keys: Sequence[OffloadKey], slots: Sequence[int], generation: int = 0
     ) -> int:
         keys, slots = check_batch(keys, slots, self.memory.num_slots)
-        nbytes = len(keys) * self.memory.slot_bytes
-        return self._submit(
-            JobKind.PUT, keys, generation, lambda: self._run_put(keys, slots), nbytes
-        )
+        return self._submit(JobKind.PUT, keys, generation, lambda: self._run_put(keys, slots))
 
     def submit_get(
         self, keys: Sequence[OffloadKey], slots: Sequence[int], generation: int = 0
