@@ -180,7 +180,6 @@ class RedisTier(RedisRecordIO, Tier):
         self.max_pipeline_bytes = max_pipeline_bytes
         self.backoff_s = float(backoff_s)
         self.max_backoff_s = float(max_backoff_s)
-        self.max_value_bytes = max_value_bytes
         self._is_cluster = cluster
         record_bytes = self._record_bytes(bytes(40))
         if record_bytes > max_value_bytes:
@@ -221,8 +220,6 @@ class RedisTier(RedisRecordIO, Tier):
         self._backoff: dict[str | None, float] = {}
         self._last_error = ""
         self._stats: collections.Counter[str] = collections.Counter()
-
-    # -- connection -------------------------------------------------------------------------
 
     def __repr__(self) -> str:
         return (
