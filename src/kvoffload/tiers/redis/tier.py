@@ -193,7 +193,6 @@ class RedisTier(RedisRecordIO, Tier):
             if client is not None
             else self._connect(
                 url,
-                cluster,
                 username,
                 password,
                 ssl_ca_certs,
