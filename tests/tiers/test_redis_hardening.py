@@ -306,6 +306,20 @@ def test_readers_with_another_secret_or_none_leave_signed_records_alone(
 
 
 @pytest.mark.parametrize("mode", MODES)
+def test_a_put_naming_a_stored_block_twice_finds_both_stored(
+    mode: str, request: pytest.FixtureRequest
+) -> None:
+    tier = _tier(mode, request, prefix=fresh_prefix(), namespace="t")
+    try:
+        (key,) = fresh_keys(1)
+        assert put(tier, [key]).all_ok
+        result = put(tier, [key, key])  # both names taken: each read back, one answer each
+        assert result.all_ok and tier.stats()["records_existing"] == 2
+    finally:
+        tier.close()
+
+
+@pytest.mark.parametrize("mode", MODES)
 def test_a_put_that_finds_its_name_taken_by_what_it_cannot_read_fails(
     mode: str, request: pytest.FixtureRequest
 ) -> None:

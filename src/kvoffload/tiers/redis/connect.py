@@ -62,10 +62,9 @@ class RedisConnection:
     _key_prefix: bytes
     ttl_ms: int
 
-    @staticmethod
     def _connect(
+        self,
         url: str,
-        cluster: bool,
         username: str | None,
         password: str | None,
         ssl_ca_certs: str | None,
@@ -93,7 +92,7 @@ class RedisConnection:
             if url.startswith("redis://"):
                 url = "rediss://" + url[len("redis://") :]
             kwargs.update({k: v for k, v in tls.items() if v})
-        if cluster:
+        if self._is_cluster:
             from redis.cluster import RedisCluster
 
             return RedisCluster.from_url(url, **kwargs)

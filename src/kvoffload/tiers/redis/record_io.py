@@ -13,11 +13,11 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from kvoffload.keys import OffloadKey
-from kvoffload.tiers.base import JobKind, Presence, SlotMemory, TierResult
+from kvoffload.tiers.base import Presence, SlotMemory
 from kvoffload.tiers.redis.records import RecordCodec, RecordError
 from kvoffload.tiers.redis.transport import RedisTransport, _reason_of
 
@@ -30,13 +30,8 @@ try:
 except ImportError:  # pragma: no cover - only without the [redis] extra
     pass
 
-#: Where a job's bytes and seconds are counted, by kind (a delete's are this tier's own).
-_BYTES = {JobKind.PUT: "bytes_written", JobKind.GET: "bytes_read", JobKind.DELETE: "delete_bytes"}
-_SECONDS = {
-    JobKind.PUT: "write_seconds",
-    JobKind.GET: "read_seconds",
-    JobKind.DELETE: "delete_seconds",
-}
+#: A job's outcome: whether each key succeeded, the reasons of those that failed, bytes moved.
+Outcome = tuple[list[bool], dict[int, str], int]
 
 
 class RedisRecordIO(RedisTransport):
@@ -65,41 +60,33 @@ class RedisRecordIO(RedisTransport):
         while len(self._verdicts) > self.verdict_cache_entries:
             self._verdicts.popitem(last=False)
 
-    def _pieces(self, count: int, per_item: int) -> Iterator[range]:
-        step = max(1, self.max_pipeline_bytes // max(per_item, 1))
-        for start in range(0, count, step):
-            yield range(start, min(count, start + step))
+    def _exchanges(
+        self,
+        keys: Sequence[OffloadKey],
+        slots: Sequence[int],
+        direct: Callable[[list[bytes], list[OffloadKey], list[int], Any], list[Any]],
+        piped: Callable[[list[bytes], list[OffloadKey], list[int]], list[Any]],
+    ) -> Iterator[tuple[range, list[Any]]]:
+        """The job in pieces of about ``max_pipeline_bytes``, each with its answers:
+        ``direct(names, keys, slots, conn)`` on a pooled socket where records go over one
+        (see :mod:`wire`), else ``piped(names, keys, slots)``."""
+        step = max(1, self.max_pipeline_bytes // max(self.memory.slot_bytes, 1))
+        for start in range(0, len(keys), step):
+            piece = range(start, min(len(keys), start + step))
+            names = [self._name(keys[i]) for i in piece]
+            piece_keys = [keys[i] for i in piece]
+            piece_slots = [slots[i] for i in piece]
+            if self._direct is None:
+                yield piece, piped(names, piece_keys, piece_slots)
+            else:
+                talk = functools.partial(direct, names, piece_keys, piece_slots)
+                yield piece, self._direct_exchange(len(piece), talk)
 
-    def _run_put(
-        self, job_id: int, keys: Sequence[OffloadKey], slots: Sequence[int], generation: int
-    ) -> TierResult:
-        started = time.perf_counter()
+    def _run_put(self, keys: Sequence[OffloadKey], slots: Sequence[int]) -> Outcome:
         ok = [False] * len(keys)
         reasons: dict[int, str] = {}
         written = 0
-        px = self.ttl_ms or None
-        for piece in self._pieces(len(keys), self.memory.slot_bytes):
-            names = [self._name(keys[i]) for i in piece]
-            if self._direct is not None:
-                answers = self._direct_exchange(
-                    len(piece),
-                    functools.partial(
-                        self._send_records,
-                        names=names,
-                        keys=[keys[i] for i in piece],
-                        slots=[slots[i] for i in piece],
-                        px=px,
-                    ),
-                )
-            else:
-                buffers = self._record_buffers(len(piece))
-                records = {
-                    name: self.codec.encode_into(buf, keys[i], self.memory.slot_view(slots[i]))
-                    for name, i, buf in zip(names, piece, buffers, strict=False)
-                }
-                answers = self._pipelined(
-                    names, functools.partial(_set_absent, records=records, px=px)
-                )
+        for piece, answers in self._exchanges(keys, slots, self._send_records, self._set_piped):
             taken = [
                 i
                 for i, answer in zip(piece, answers, strict=True)
@@ -125,7 +112,7 @@ class RedisRecordIO(RedisTransport):
                         ok[i] = True
                         self._stats["records_existing"] += 1
                         self._remember(keys[i], Presence.HIT, now)
-        return self._result(job_id, JobKind.PUT, keys, ok, generation, written, started, reasons)
+        return ok, reasons, written
 
     def _check_taken(self, keys: list[OffloadKey]) -> dict[OffloadKey, str]:
         """Of ``keys`` whose ``SET NX`` found the name taken, those we could not read back,
@@ -138,48 +125,37 @@ class RedisRecordIO(RedisTransport):
         """
         if not keys:
             return {}
-        limits = {self._name(key): self._record_bytes(key) for key in keys}
-        answers = self._pipelined(
-            list(limits), lambda pipe, name: pipe.getrange(name, 0, limits[name])
-        )
+        answers = self._read_piped([self._name(key) for key in keys], keys, px=0)
         out: dict[OffloadKey, str] = {}
         for key, answer in zip(keys, answers, strict=True):
-            if isinstance(answer, BaseException):
-                if "WRONGTYPE" not in str(answer):
-                    out[key] = _reason_of(answer)
-                    continue
-                error: Exception = RecordError("name_taken", "a value of another type")
-            else:
-                try:
-                    if not answer:
-                        raise RecordError("name_taken", "gone since the put found it")
-                    if len(answer) > self._record_bytes(key):
-                        raise RecordError("name_taken", "a value longer than our record")
-                    payload = self.codec.payload_of(key, memoryview(answer))
-                    if len(payload) != self.memory.slot_bytes:
-                        raise RecordError("name_taken", f"a {len(payload)}-byte payload")
-                    continue
-                except RecordError as exc:
-                    error = exc
-            out[key] = "name_taken"
-            logger.warning("redis tier: put of %s found its name taken (%s)", key.hex(), error)
+            if isinstance(answer, BaseException) and "WRONGTYPE" not in str(answer):
+                out[key] = _reason_of(answer)
+                continue
+            try:
+                if isinstance(answer, BaseException):
+                    raise RecordError("name_taken", "a value of another type")
+                if not answer:
+                    raise RecordError("name_taken", "gone since the put found it")
+                if len(answer) > self._record_bytes(key):
+                    raise RecordError("name_taken", "a value longer than our record")
+                payload = self.codec.payload_of(key, answer)
+                if len(payload) != self.memory.slot_bytes:
+                    raise RecordError("name_taken", f"a {len(payload)}-byte payload")
+            except RecordError as error:
+                out[key] = "name_taken"
+                logger.warning("redis tier: put of %s found its name taken (%s)", key.hex(), error)
         return out
 
     def _send_records(
-        self,
-        conn: Any,
-        *,
-        names: list[bytes],
-        keys: list[OffloadKey],
-        slots: list[int],
-        px: int | None,
+        self, names: list[bytes], keys: list[OffloadKey], slots: list[int], conn: Any
     ) -> list[Any]:
-        """``SET name record NX [PX px]`` for each record on ``conn``; one answer per record.
+        """``SET name record NX [PX ttl]`` for each record on ``conn``; one answer per record.
 
         Each record's header is built (and its payload hashed) just before it is sent, so the
         next one is hashed while the kernel and the server move this one; the payload is sent
         from its slot, never copied (the slot stays unchanged until the job is polled).
         """
+        px = self.ttl_ms or None
         tail = b""
         for n, (name, key, slot) in enumerate(zip(names, keys, slots, strict=True)):
             payload = self.memory.slot_view(slot)
@@ -195,18 +171,13 @@ class RedisRecordIO(RedisTransport):
         return answers
 
     def _fetch_records(
-        self,
-        conn: Any,
-        *,
-        names: list[bytes],
-        keys: list[OffloadKey],
-        slots: list[int],
-        px: int,
+        self, names: list[bytes], keys: list[OffloadKey], slots: list[int], conn: Any
     ) -> list[Any]:
-        """``PEXPIRE name PX px`` (none without a TTL) and ``GETRANGE name 0 <record bytes>``
+        """``PEXPIRE name ttl`` (none without a TTL) and ``GETRANGE name 0 <record bytes>``
         for each name on ``conn``: one outcome per record (see :meth:`_outcome`), each verified
         and copied as soon as it has arrived. No reply is received beyond one byte over the
         record's size: a longer bulk length is a protocol error, before its bytes are read."""
+        px = self.ttl_ms
         limits = [self._record_bytes(key) for key in keys]
         conn.send_packed_command(
             [
@@ -217,7 +188,8 @@ class RedisRecordIO(RedisTransport):
             ]
         )
         replies = wire.Replies(conn._sock)
-        buffer = self._get_buffer()
+        # a record buffer of this thread: a tier sending records directly never encodes into one
+        buffer = memoryview(self._record_buffers(1)[0])
         allowed = 0
 
         def buffer_for(size: int) -> memoryview:
@@ -241,6 +213,35 @@ class RedisRecordIO(RedisTransport):
             raise RedisConnectionError("Protocol error: data after the last reply")
         return outcomes
 
+    def _set_piped(self, names: list[bytes], keys: list[OffloadKey], slots: list[int]) -> list[Any]:
+        """``SET name record NX [PX ttl]`` for each record in a pipeline: never overwrite."""
+        buffers = self._record_buffers(len(names))
+        records = {
+            name: self.codec.encode_into(buf, key, self.memory.slot_view(slot))
+            for name, key, slot, buf in zip(names, keys, slots, buffers, strict=True)
+        }
+        px = self.ttl_ms or None
+        return self._pipelined(
+            names, lambda pipe, name: pipe.set(name, records[name], nx=True, px=px)
+        )
+
+    def _get_piped(self, names: list[bytes], keys: list[OffloadKey], slots: list[int]) -> list[Any]:
+        """What :meth:`_fetch_records` does, in a pipeline: one outcome per record."""
+        answers = self._read_piped(names, keys, self.ttl_ms)
+        return [self._outcome(*args) for args in zip(keys, slots, answers, strict=True)]
+
+    def _read_piped(self, names: list[bytes], keys: Sequence[OffloadKey], px: int) -> list[Any]:
+        """``[PEXPIRE name px]`` and ``GETRANGE name 0 <record bytes>`` for each name in a
+        pipeline: one answer per name."""
+        limits = {name: self._record_bytes(key) for name, key in zip(names, keys, strict=True)}
+
+        def fetch(pipe: Any, name: bytes) -> object:
+            if px:
+                pipe.pexpire(name, px)
+            return pipe.getrange(name, 0, limits[name])
+
+        return self._pipelined(names, fetch, 2 if px else 1)
+
     def _record_bytes(self, key: bytes) -> int:
         """The size of ``key``'s record: no value under its name is received past one byte
         more (see :func:`wire.get_command`)."""
@@ -248,32 +249,22 @@ class RedisRecordIO(RedisTransport):
 
     def _outcome(self, key: OffloadKey, slot: int, answer: Any) -> Any:
         """What a ``GETRANGE`` answer means: ``True`` (verified, copied into ``slot``), ``None``
-        (missing: the empty string of an absent name), a :class:`RecordError`, or the
-        exception object of a failed command."""
-        if isinstance(answer, (bytes, bytearray, memoryview)):
-            return self._load(key, slot, answer) if len(answer) else None
+        (missing: the empty string of an absent name), the :class:`RecordError` that says why
+        it must not be served (the slot is untouched), or the exception object of a failed
+        command."""
         if answer is None or isinstance(answer, BaseException):
             return answer
-        return RecordError("corrupt", f"a {type(answer).__name__} reply to GETRANGE")
-
-    def _get_buffer(self) -> memoryview:
-        """This thread's reusable receive buffer, one record of the largest key."""
-        buffer: memoryview | None = getattr(self._local, "get_buffer", None)
-        if buffer is None:
-            size = self.codec.header_bytes(bytes(64)) + self.memory.slot_bytes
-            buffer = self._local.get_buffer = memoryview(bytearray(size))
-        return buffer
-
-    def _load(self, key: OffloadKey, slot: int, record: bytes | bytearray | memoryview) -> Any:
-        """Verify ``record`` and copy its payload into ``slot``: ``True``, or the
-        :class:`RecordError` that says why it must not be served (the slot is untouched)."""
+        if not isinstance(answer, (bytes, bytearray, memoryview)):
+            return RecordError("corrupt", f"a {type(answer).__name__} reply to GETRANGE")
+        if not answer:
+            return None
         try:
-            if len(record) > self._record_bytes(key):  # a range cut at one byte over
-                self.codec.check_header(key, memoryview(record))
+            if len(answer) > self._record_bytes(key):  # a range cut at one byte over
+                self.codec.check_header(key, memoryview(answer))
                 raise RecordError(  # ours but for another slot size: some other reader's
                     "oversized", f"a value longer than the {self._record_bytes(key)}-byte record"
                 )
-            payload = self.codec.payload_of(key, memoryview(record))
+            payload = self.codec.payload_of(key, memoryview(answer))
             view = self.memory.slot_view(slot)
             if len(payload) != len(view):
                 raise RecordError(
@@ -285,50 +276,22 @@ class RedisRecordIO(RedisTransport):
         return True
 
     def _record_buffers(self, count: int) -> list[bytearray]:
-        """This thread's reusable record buffers (no 2 MiB allocation and free per record)."""
+        """This thread's reusable buffers, each one record of the longest key (no 2 MiB
+        allocation and free per record)."""
         buffers: list[bytearray] | None = getattr(self._local, "buffers", None)
         if buffers is None:
             buffers = self._local.buffers = []
-        size = self.codec.header_bytes(bytes(64)) + self.memory.slot_bytes
+        size = self._record_bytes(bytes(64))
         while len(buffers) < count:
             buffers.append(bytearray(size))
         return buffers[:count]
 
-    def _run_get(
-        self, job_id: int, keys: Sequence[OffloadKey], slots: Sequence[int], generation: int
-    ) -> TierResult:
-        started = time.perf_counter()
+    def _run_get(self, keys: Sequence[OffloadKey], slots: Sequence[int]) -> Outcome:
         ok = [False] * len(keys)
         reasons: dict[int, str] = {}
         read = 0
         bad: list[bytes] = []
-        px = self.ttl_ms
-        limits = {self._name(key): self._record_bytes(key) for key in keys}
-
-        def fetch(pipe: Any, name: bytes) -> object:
-            if px:
-                pipe.pexpire(name, px)
-            return pipe.getrange(name, 0, limits[name])
-
-        for piece in self._pieces(len(keys), self.memory.slot_bytes):
-            names = [self._name(keys[i]) for i in piece]
-            if self._direct is not None:
-                outcomes = self._direct_exchange(
-                    len(piece),
-                    functools.partial(
-                        self._fetch_records,
-                        names=names,
-                        keys=[keys[i] for i in piece],
-                        slots=[slots[i] for i in piece],
-                        px=px,
-                    ),
-                )
-            else:
-                answers = self._pipelined(names, fetch, 2 if px else 1)
-                outcomes = [
-                    self._outcome(keys[i], slots[i], answer)
-                    for i, answer in zip(piece, answers, strict=True)
-                ]
+        for piece, outcomes in self._exchanges(keys, slots, self._fetch_records, self._get_piped):
             now = time.monotonic()
             dropped: list[tuple[OffloadKey, RecordError]] = []
             with self._lock:  # one acquisition a piece, not one a record
@@ -361,10 +324,9 @@ class RedisRecordIO(RedisTransport):
             answers = self._pipelined([self._name(k) for k in bad], lambda p, n: p.delete(n))
             with self._lock:
                 self._stats["records_deleted_bad"] += sum(a == 1 for a in answers)
-        return self._result(job_id, JobKind.GET, keys, ok, generation, read, started, reasons)
+        return ok, reasons, read
 
-    def _run_delete(self, job_id: int, keys: Sequence[OffloadKey], generation: int) -> TierResult:
-        started = time.perf_counter()
+    def _run_delete(self, keys: Sequence[OffloadKey]) -> Outcome:
         ok = [False] * len(keys)
         reasons: dict[int, str] = {}
         answers = self._pipelined([self._name(k) for k in keys], lambda p, n: p.delete(n))
@@ -380,42 +342,7 @@ class RedisRecordIO(RedisTransport):
                 else:
                     reasons[i] = "missing"
                 self._remember(keys[i], Presence.MISS, now)
-        return self._result(job_id, JobKind.DELETE, keys, ok, generation, 0, started, reasons)
-
-    def _result(
-        self,
-        job_id: int,
-        kind: JobKind,
-        keys: Sequence[OffloadKey],
-        ok: list[bool],
-        generation: int,
-        nbytes: int,
-        started: float,
-        reasons: dict[int, str],
-    ) -> TierResult:
-        seconds = time.perf_counter() - started
-        with self._lock:
-            self._stats[_BYTES[kind]] += nbytes
-            self._stats[_SECONDS[kind]] += seconds  # type: ignore[assignment]
-            for reason in reasons.values():
-                self._stats[f"{kind.value}_failed_{reason}"] += 1
-        return TierResult(
-            job_id=job_id,
-            kind=kind,
-            keys=tuple(keys),
-            ok=tuple(ok),
-            generation=generation,
-            nbytes=nbytes,
-            seconds=seconds,
-            reasons=reasons,
-        )
+        return ok, reasons, 0
 
 
-def _set_absent(
-    pipe: Any, name: bytes, *, records: dict[bytes, memoryview], px: int | None
-) -> object:
-    """Queue ``SET name record NX [PX px]``: never overwrite, one round trip."""
-    return pipe.set(name, records[name], nx=True, px=px)
-
-
-__all__ = ["RedisRecordIO"]
+__all__ = ["Outcome", "RedisRecordIO"]

@@ -93,10 +93,6 @@ class RecordCodec:
         if self.algorithm == "xxh3" and self.secret is None and _xxhash is None:
             raise ValueError("algorithm='xxh3' needs the xxhash package (pip install xxhash)")
 
-    @property
-    def alg_id(self) -> int:
-        return ALG_BLAKE2B if self.secret is not None else ALG_NAMES[self.algorithm]
-
     def header_bytes(self, key: bytes) -> int:
         """Bytes before the payload for ``key``."""
         return _FIXED.size + len(self.namespace) + len(key) + DIGEST_BYTES
@@ -123,7 +119,7 @@ class RecordCodec:
         header instead of copying it into a record buffer first; the digest covers both.
         """
         signed = self.secret is not None
-        alg = self.alg_id
+        alg = ALG_BLAKE2B if signed else ALG_NAMES[self.algorithm]
         fixed = _FIXED.pack(
             MAGIC,
             FORMAT_VERSION,

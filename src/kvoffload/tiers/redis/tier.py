@@ -43,7 +43,7 @@ from kvoffload.tiers.base import (
     check_seconds,
 )
 from kvoffload.tiers.redis.connect import glob_escape, namespace_text, redis_available
-from kvoffload.tiers.redis.record_io import RedisRecordIO
+from kvoffload.tiers.redis.record_io import Outcome, RedisRecordIO
 from kvoffload.tiers.redis.records import RecordCodec
 from kvoffload.tiers.redis.transport import RedisError
 from kvoffload.tiers.runtime import CANCELLED, CLOSED, Job, TierRuntime, check_batch
@@ -52,6 +52,14 @@ logger = logging.getLogger(__name__)
 
 _DEFAULT_MAX_VALUE = 512 * 2**20  # redis.conf proto-max-bulk-len default
 _KEY_CHARS_OK = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.")
+
+#: Where a job's bytes and seconds are counted, by kind (a delete's are this tier's own).
+_BYTES = {JobKind.PUT: "bytes_written", JobKind.GET: "bytes_read", JobKind.DELETE: "delete_bytes"}
+_SECONDS = {
+    JobKind.PUT: "write_seconds",
+    JobKind.GET: "read_seconds",
+    JobKind.DELETE: "delete_seconds",
+}
 
 
 class RedisTier(RedisRecordIO, Tier):
@@ -172,9 +180,8 @@ class RedisTier(RedisRecordIO, Tier):
         self.max_pipeline_bytes = max_pipeline_bytes
         self.backoff_s = float(backoff_s)
         self.max_backoff_s = float(max_backoff_s)
-        self.max_value_bytes = max_value_bytes
         self._is_cluster = cluster
-        record_bytes = self.codec.header_bytes(bytes(40)) + memory.slot_bytes
+        record_bytes = self._record_bytes(bytes(40))
         if record_bytes > max_value_bytes:
             raise ValueError(
                 f"a record of one {memory.slot_bytes}-byte slot needs {record_bytes} bytes, over "
@@ -186,7 +193,6 @@ class RedisTier(RedisRecordIO, Tier):
             if client is not None
             else self._connect(
                 url,
-                cluster,
                 username,
                 password,
                 ssl_ca_certs,
@@ -213,8 +219,6 @@ class RedisTier(RedisRecordIO, Tier):
         self._backoff: dict[str | None, float] = {}
         self._last_error = ""
         self._stats: collections.Counter[str] = collections.Counter()
-
-    # -- connection -------------------------------------------------------------------------
 
     def __repr__(self) -> str:
         return (
@@ -246,7 +250,7 @@ class RedisTier(RedisRecordIO, Tier):
                 if deadline is not None:
                     out.append(Presence.UNKNOWN if deadline > now else Presence.MISS)
                     continue
-                if not self._is_cluster and now < self._down_until.get(None, 0.0):
+                if now < self._down_until.get(None, 0.0):
                     out.append(Presence.MISS)
                     continue
                 self._lookups[key] = now + self.lookup_deadline_s
@@ -280,99 +284,77 @@ class RedisTier(RedisRecordIO, Tier):
                     continue  # no verdict: the key reads MISS until asked again
                 self._remember(key, Presence.HIT if answer else Presence.MISS, now)
 
-    def _open(self, kind: JobKind, keys: Sequence[OffloadKey], generation: int) -> tuple[Job, bool]:
-        """A new job and whether it may run: on a closed tier it is already reported, each
-        key ``"closed"`` (the one closed-tier rule of ``runtime``)."""
-        with self._lock:
+    def _submit(
+        self,
+        kind: JobKind,
+        keys: tuple[OffloadKey, ...],
+        generation: int,
+        run: Callable[[], Outcome],
+    ) -> int:
+        """A new job, ``run`` on a worker (its outcome is the job's; a put holds its bytes of
+        the in-flight bound); one that may not run is reported at once, each key failed."""
+        with self._lock:  # the closed check and the hand-off in one step: close waits for it
             self._stats[f"{kind.value}_jobs"] += 1
             if kind is not JobKind.DELETE:  # "deletes" counts records deleted
                 self._stats[f"{kind.value}s"] += len(keys)
             job = self._runtime.open_job(kind, keys, generation)
-            if not self._runtime.closed:
-                return job, True
-            self._stats["failed_closed"] += len(keys)
-            self._runtime.finish(job)
-            return job, False
+            if self._runtime.closed:
+                return self._fail(job, CLOSED)
+            if not self._available():  # on a cluster each node's back-off is checked per key
+                return self._fail(job, "unavailable")
+            nbytes = len(keys) * self.memory.slot_bytes if kind is JobKind.PUT else 0
+            inflight = self._inflight_bytes
+            if kind is JobKind.PUT and inflight and inflight + nbytes > self.max_inflight_bytes:
+                return self._fail(job, "backpressure")
+            self._inflight_bytes += nbytes
+            self._runtime.spawn(job, self._run_job, job, run, nbytes)
+            return job.job_id
 
-    def _fail(self, job: Job, reason: str) -> int:
-        """Report ``job`` at once, every key failed with ``reason``."""
+    def _run_job(self, job: Job, run: Callable[[], Outcome], reserved: int) -> None:
+        outcome: Outcome | None = None
+        started = time.perf_counter()
+        if not self._runtime.closed:
+            try:
+                outcome = run()
+            except Exception:  # a bug in a job: never lose the job, but show the bug
+                logger.exception("redis tier job %d raised", job.job_id)
+        seconds = time.perf_counter() - started
         with self._lock:
-            self._stats[f"failed_{reason}"] += len(job.keys)
-            job.fail_all(reason)
-            return self._runtime.finish(job)
-
-    def _launch(self, job: Job, run: Callable[[], TierResult], reserved: int = 0) -> int:
-        """Run ``run`` on a worker as the job's one task; its result's verdicts are the job's."""
-
-        def task() -> None:
-            result: TierResult | None = None
-            if not self._runtime.closed:
-                try:
-                    result = run()
-                except Exception:  # a bug in a job: never lose the job, but show the bug
-                    logger.exception("redis tier job %d raised", job.job_id)
-            with self._lock:
-                if reserved:
-                    self._inflight_bytes -= reserved
-                if result is not None:
-                    job.ok[:] = result.ok
-                    job.reasons.update(result.reasons)
-                    job.nbytes = result.nbytes
-                else:
-                    reason = CANCELLED if self._runtime.closed else "io_error"
-                    self._stats[f"failed_{reason}"] += len(job.keys)
-                    job.fail_all(reason)
-                self._runtime.finish(job, 1)
-
-        with self._lock:  # the closed check and the hand-off in one step: close waits for it
-            if not self._runtime.closed:
-                self._runtime.spawn(job, task)
-                return job.job_id
             self._inflight_bytes -= reserved
-            self._stats["failed_closed"] += len(job.keys)
-            job.fail_all(CLOSED)
-            return self._runtime.finish(job)
+            if outcome is None:
+                self._fail(job, CANCELLED if self._runtime.closed else "io_error", 1)
+                return
+            job.ok[:], reasons, job.nbytes = outcome
+            job.reasons.update(reasons)
+            self._stats[_BYTES[job.kind]] += job.nbytes
+            self._stats[_SECONDS[job.kind]] += seconds  # type: ignore[assignment]
+            for reason in reasons.values():
+                self._stats[f"{job.kind.value}_failed_{reason}"] += 1
+            self._runtime.finish(job, 1)
+
+    def _fail(self, job: Job, reason: str, tasks_done: int = 0) -> int:
+        """Report ``job``, every key without a verdict failed with ``reason`` (lock held)."""
+        self._stats[f"failed_{reason}"] += len(job.keys)
+        job.fail_all(reason)
+        return self._runtime.finish(job, tasks_done)
 
     def submit_put(
         self, keys: Sequence[OffloadKey], slots: Sequence[int], generation: int = 0
     ) -> int:
         keys, slots = check_batch(keys, slots, self.memory.num_slots)
-        job, runs = self._open(JobKind.PUT, keys, generation)
-        if not runs:
-            return job.job_id
-        nbytes = len(keys) * self.memory.slot_bytes
-        with self._lock:
-            over = self._inflight_bytes + nbytes > self.max_inflight_bytes and self._inflight_bytes
-            unavailable = not self._is_cluster and not self._available()
-            if not over and not unavailable:
-                self._inflight_bytes += nbytes
-        if unavailable:
-            return self._fail(job, "unavailable")
-        if over:
-            return self._fail(job, "backpressure")
-        return self._launch(job, lambda: self._run_put(job.job_id, keys, slots, generation), nbytes)
+        return self._submit(JobKind.PUT, keys, generation, lambda: self._run_put(keys, slots))
 
     def submit_get(
         self, keys: Sequence[OffloadKey], slots: Sequence[int], generation: int = 0
     ) -> int:
         keys, slots = check_batch(keys, slots, self.memory.num_slots)
-        job, runs = self._open(JobKind.GET, keys, generation)
-        if not runs:
-            return job.job_id
-        if not self._is_cluster and not self._available():
-            return self._fail(job, "unavailable")
-        return self._launch(job, lambda: self._run_get(job.job_id, keys, slots, generation))
+        return self._submit(JobKind.GET, keys, generation, lambda: self._run_get(keys, slots))
 
     def submit_delete(self, keys: Sequence[OffloadKey], generation: int = 0) -> int:
         if isinstance(keys, (bytes, str)):
             raise TypeError("keys must be a sequence (a single key is [key])")
         keys = tuple(keys)
-        job, runs = self._open(JobKind.DELETE, keys, generation)
-        if not runs:
-            return job.job_id
-        if not self._available():
-            return self._fail(job, "unavailable")
-        return self._launch(job, lambda: self._run_delete(job.job_id, keys, generation))
+        return self._submit(JobKind.DELETE, keys, generation, lambda: self._run_delete(keys))
 
     def poll(self) -> list[TierResult]:
         return self._runtime.poll()

@@ -98,22 +98,13 @@ class RedisTransport(RedisConnection):
         add: Callable[[Any, bytes], object],
         per_name: int = 1,
     ) -> list[Any]:
-        if not self._available(node):
-            return [_Unavailable(f"{node or self._redacted()} is backing off")] * len(names)
-        try:
+        def talk() -> list[Any]:
             pipe = self._client.pipeline(transaction=False)
             for name in names:
                 add(pipe, name)
-            answers: list[Any] = pipe.execute(raise_on_error=False)
-        except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
-            self._note_failure(exc, node)
-            return [exc] * len(names)
-        except RedisError as exc:
-            return [exc] * len(names)
-        if any(isinstance(a, (RedisConnectionError, RedisTimeoutError)) for a in answers):
-            self._note_failure(next(a for a in answers if isinstance(a, BaseException)), node)
-        else:
-            self._note_success(node)
+            return pipe.execute(raise_on_error=False)  # type: ignore[no-any-return]
+
+        answers = self._exchange(node, len(names) * per_name, talk)
         if per_name == 1:
             return answers
         groups = [answers[i : i + per_name] for i in range(0, len(answers), per_name)]
@@ -124,37 +115,42 @@ class RedisTransport(RedisConnection):
     def _direct_exchange(self, count: int, talk: Callable[[Any], list[Any]]) -> list[Any]:
         """``talk(connection)`` on one connection of the pool: ``count`` answers, never raising.
 
-        redis-py's retry policy and the failure accounting of :meth:`_pipeline_group` apply; a
-        connection that failed or was left in an unknown state is dropped, not reused.
+        redis-py's retry policy applies; a connection that failed or was left in an unknown
+        state is dropped, not reused.
         """
-        if not self._available():
-            return [_Unavailable(f"{self._redacted()} is backing off")] * count
         pool: Any = self._direct
-        conn: Any = None
-        try:
+
+        def on_connection() -> list[Any]:
             conn = pool.get_connection(*self._direct_args)
-            retry = getattr(conn, "retry", None)
-            if retry is None:
-                answers = talk(conn)
-            else:
-                answers = retry.call_with_retry(
+            try:  # redis-py's connections (5.0+) always have a retry policy, maybe of 0 retries
+                return conn.retry.call_with_retry(  # type: ignore[no-any-return]
                     functools.partial(talk, conn), lambda _error: conn.disconnect()
                 )
-        except BaseException as exc:
-            if conn is not None:
+            except BaseException:
                 conn.disconnect()  # its state is unknown: never reused
-            if isinstance(exc, (RedisConnectionError, RedisTimeoutError, OSError)):
-                self._note_failure(exc)
-            elif not isinstance(exc, RedisError):
                 raise
-            return [exc] * count
-        finally:
-            if conn is not None:
+            finally:
                 pool.release(conn)
+
+        return self._exchange(None, count, on_connection)
+
+    def _exchange(self, node: str | None, count: int, talk: Callable[[], list[Any]]) -> list[Any]:
+        """``talk()``'s ``count`` answers, or as many of the exception it raised; a connection
+        failure starts the back-off of the server (or cluster ``node``), during which nothing
+        is sent."""
+        if not self._available(node):
+            return [_Unavailable(f"{node or self._redacted()} is backing off")] * count
+        try:
+            answers = talk()
+        except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+            self._note_failure(exc, node)
+            return [exc] * count
+        except RedisError as exc:
+            return [exc] * count
         if any(isinstance(a, (RedisConnectionError, RedisTimeoutError)) for a in answers):
-            self._note_failure(next(a for a in answers if isinstance(a, BaseException)))
+            self._note_failure(next(a for a in answers if isinstance(a, BaseException)), node)
         else:
-            self._note_success()
+            self._note_success(node)
         return answers
 
 
