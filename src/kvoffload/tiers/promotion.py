@@ -34,7 +34,6 @@ class TierPromotions(TierWrites):
     negative_ttl_s: float
     _clock: Callable[[], float]
     _max_negative: int
-    _promoting: dict[OffloadKey, int]  # key -> tier index of its promotion
 
     def note_overdue(self, ctx: ReqContext) -> int:
         """``ctx`` stopped waiting for its reads: each one still in flight has taken at least
@@ -175,7 +174,6 @@ class TierPromotions(TierWrites):
             self.cpu.complete_promotion(unread, success=False)
         for key, index in zip(keys[:kept], tiers[:kept], strict=True):
             self._tiers[index].queue.append((key, slots[key], ctx))
-            self._promoting[key] = index
         return kept
 
     def lookup(self, key: OffloadKey, ctx: ReqContext | None = None) -> LookupResult:

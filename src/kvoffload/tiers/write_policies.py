@@ -152,9 +152,7 @@ class TierWrites:
         new = sum(1 for k in dict.fromkeys(keys) if slot_of(k) is None)
         if new <= self.cpu.free_blocks:
             return True
-        short = new - self.cpu.free_blocks - len(self._evicting)  # held ones free up soon
-        if short > 0:
-            self._evict_ahead(short, protected)
+        self._evict_ahead(new, protected)
         if self._evicting:
             self._reap()  # a tier that finished at once frees the slots now
         if new > self.cpu.free_blocks and self._evicting and self.write_back_wait_s > 0:
@@ -169,10 +167,13 @@ class TierWrites:
             return False
         return True  # enough room, or nothing left to evict (the CPU store decides)
 
-    def _evict_ahead(self, n: int, protected: Sequence[OffloadKey]) -> None:
-        """Evict ``n`` of the CPU policy's next victims and write them to the write-back
-        tiers; each victim's slot is held until every tier it went to has it."""
-        victims = self.cpu.evict_ahead(n, protected)
+    def _evict_ahead(self, wanted: int, protected: Sequence[OffloadKey]) -> None:
+        """Evict the CPU policy's next victims until ``wanted`` slots are free or held, writing
+        them to the write-back tiers; a victim's slot is held until every tier it went to has it."""
+        short = wanted - self.cpu.free_blocks - len(self._evicting)
+        if short <= 0:
+            return
+        victims = self.cpu.evict_ahead(short, protected)
         if not victims:
             return
         self._counters["evicted_ahead"] += len(victims)
