@@ -54,9 +54,6 @@ class TierPromotions(TierWrites):
         state = ctx.get_state(RequestState)
         return state.plan if state is not None else None
 
-    def _ctx(self, ctx: ReqContext | None) -> ReqContext:
-        return ctx if ctx is not None else self._internal
-
     def _negative(self, st: TierState, key: OffloadKey) -> None:
         if not self._max_negative:
             return
@@ -188,7 +185,7 @@ class TierPromotions(TierWrites):
         result = self.cpu.lookup(key, ctx)
         if not self._tiers:
             return result
-        owner = self._ctx(ctx)
+        owner = ctx if ctx is not None else self._internal
         seen = request_state(owner).seen
         if result is not _MISS:
             if key in seen:  # the driver starts a new pass over its prefix
@@ -221,7 +218,7 @@ class TierPromotions(TierWrites):
         results = [_MISS] * len(keys)
         if self._resetting or not keys:
             return results
-        owner = self._ctx(ctx)
+        owner = ctx if ctx is not None else self._internal
         slot_of = self.cpu.slot_of
         absent = [k for k in keys if slot_of(k) is None]
         located = dict(zip(absent, self._locate(absent, owner), strict=True)) if self._tiers else {}
@@ -273,10 +270,8 @@ class TierPromotions(TierWrites):
             results[i] = self.cpu.lookup(keys[i], ctx)
         if stop < len(keys):
             results[stop] = end
-        if stop < len(keys) and results[stop] is _MISS and not chosen:
-            self.cpu.lookup(
-                keys[stop], ctx
-            )  # count the miss that ends the prefix, as a driver does
+            if end is _MISS and not chosen:  # count the miss that ends the prefix, as a driver does
+                self.cpu.lookup(keys[stop], ctx)
         return results
 
     # ------------------------------------------------------------------ moves
