@@ -186,10 +186,14 @@ class TieringManager(TierPromotions, OffloadingManager):
         any policy already)."""
         return self.cpu.switch_policy(cache_policy, cache_policy_module_path, req_context, **params)
 
-    def promotions_in_flight(self) -> int:
-        """Blocks being promoted into the CPU tier (queued or read): they read ``HIT_PENDING``."""
-        reads = (job for st in self._tiers for job in st.jobs.values() if job.kind is JobKind.GET)
-        return sum(len(st.queue) for st in self._tiers) + sum(len(job.keys) for job in reads)
+    def promotions_in_flight(self, ctx: ReqContext | None = None) -> int:
+        """Blocks being promoted into the CPU tier (queued or read; with ``ctx``, its own only):
+        they read ``HIT_PENDING``."""
+        queued = [owner for st in self._tiers for _, _, owner in st.queue]
+        reads = [job for st in self._tiers for job in st.jobs.values() if job.kind is JobKind.GET]
+        return sum(ctx is None or owner is ctx for owner in queued) + sum(
+            len(job.keys) for job in reads if ctx is None or job.ctx is ctx
+        )
 
     def observe_prefill(self, tokens: int, seconds: float) -> None:
         """The engine's measured prefill of ``tokens`` tokens in ``seconds`` (feeds the plan)."""
@@ -206,10 +210,6 @@ class TieringManager(TierPromotions, OffloadingManager):
         }
         out["cpu"] = {"load": self.costs.cpu.histograms["load"]}
         return out
-
-    def cpu_slot(self, key: OffloadKey) -> int | None:
-        """The CPU slot of a resident key (ready or pending), else ``None``."""
-        return self.cpu.slot_of(key)
 
     # ----------------------------------------------------------- completions
     def _reap(self) -> int:
@@ -317,7 +317,7 @@ class TieringManager(TierPromotions, OffloadingManager):
         deadline = time.monotonic() + timeout
         while True:
             self.step()
-            if not (self.has_pending_work() if ctx is None else self._promoting_for(ctx)):
+            if not (self.has_pending_work() if ctx is None else self.promotions_in_flight(ctx)):
                 return True
             left = deadline - time.monotonic()
             if left <= 0:
@@ -325,14 +325,6 @@ class TieringManager(TierPromotions, OffloadingManager):
             for st in self._tiers:
                 if st.jobs:  # a short slice each, so every tier's completions are reaped
                     st.tier.drain(min(left, _WAIT_SLICE_S))
-
-    def _promoting_for(self, ctx: ReqContext) -> bool:
-        """Whether a promotion of ``ctx`` is queued or being read."""
-        return any(
-            any(item[2] is ctx for item in st.queue)
-            or any(job.ctx is ctx and job.kind is JobKind.GET for job in st.jobs.values())
-            for st in self._tiers
-        )
 
     def _end_pass(self, ctx: ReqContext) -> None:
         state = ctx.get_state(RequestState)
