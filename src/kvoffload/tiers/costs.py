@@ -20,6 +20,7 @@ against a brute-force search over the same model.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -376,8 +377,8 @@ class TierCosts:
 
     __slots__ = ("benefit", "histograms", "probes", "queue", "read", "skips")
 
-    def __init__(self, read: LinearCost | None = None) -> None:
-        self.read = read if read is not None else tier_read_cost()
+    def __init__(self) -> None:
+        self.read = tier_read_cost()
         self.skips = 0  # plans that recomputed this tier's blocks since its last read
         self.probes = 0  # plans overridden to read it anyway, to measure it again
         self.queue = QueueWait()
@@ -471,14 +472,15 @@ class LoadDecider:
         costs = {i: t.cost() for i, t in enumerate(self.tiers)}
         if self.cpu.read.observations:
             costs[CPU_TIER] = self.cpu.cost()
-        plan = plan_load(
+        plan_with = functools.partial(
+            plan_load,
             hit_tiers,
             block_tokens=self.block_tokens,
             block_bytes=block_bytes,
             prompt_tokens=prompt_tokens,
-            tier_costs=costs,
             prefill=self.prefill,
         )
+        plan = plan_with(tier_costs=costs)
         if not count:
             return plan
         skipped = [self.costs(tier) for tier in plan.recomputed_by_tier]
@@ -488,14 +490,7 @@ class LoadDecider:
                 c.skips = 0
                 c.probes += 1
             if CPU_TIER in plan.recomputed_by_tier:
-                return plan_load(  # no costs: every hit block is loaded
-                    hit_tiers,
-                    block_tokens=self.block_tokens,
-                    block_bytes=block_bytes,
-                    prompt_tokens=prompt_tokens,
-                    tier_costs={},
-                    prefill=self.prefill,
-                )
+                return plan_with(tier_costs={})  # no costs: every hit block is loaded
             plan = replace(plan, probe=True)
         for tier, n in plan.recomputed_by_tier.items():
             skipped_tier = self.costs(tier)
