@@ -129,7 +129,7 @@ class TieringManager(TierPromotions, OffloadingManager):
             seen[label] += 1
             if seen[label] > 1:
                 label = f"{label}#{i}"
-            self._tiers.append(TierState(spec, label, clock, cpu.num_blocks))
+            self._tiers.append(TierState(spec, label, clock))
         self.costs = LoadDecider(
             [st.costs for st in self._tiers],
             block_tokens=block_tokens,
@@ -137,7 +137,8 @@ class TieringManager(TierPromotions, OffloadingManager):
             decide=decide,
         )
         self._write_back = [st for st in self._tiers if st.policy is WritePolicy.WRITE_BACK]
-        self._reserve = max((st.reserve for st in self._write_back), default=0)
+        reserves = [st.spec.write_back_reserve_blocks for st in self._write_back]
+        self._reserve = max((r or max(1, cpu.num_blocks // 16) for r in reserves), default=0)
         self._evicting: dict[int, list[Any]] = {}  # held victim slot -> [key, writes left]
         self._generation = 0
         self._resetting = False

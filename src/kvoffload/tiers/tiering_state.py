@@ -72,9 +72,7 @@ TIER_COUNTERS = (
 class TierState:
     """One secondary tier's runtime state."""
 
-    def __init__(
-        self, spec: SecondaryTier, label: str, clock: Callable[[], float], cpu_blocks: int
-    ) -> None:
+    def __init__(self, spec: SecondaryTier, label: str, clock: Callable[[], float]) -> None:
         self.spec = spec
         self.tier = spec.tier
         self.label = label
@@ -90,7 +88,6 @@ class TierState:
                 else StoreAfterNOffers(max(spec.store_threshold, 1))
             )
         self.max_batch = spec.tier.capabilities.max_batch
-        self.reserve = spec.write_back_reserve_blocks or max(1, cpu_blocks // 16)
         self.jobs: dict[int, TierJobState] = {}
         self.inflight_bytes = 0
         self.put_keys: set[OffloadKey] = set()  # keys with a put in flight here
