@@ -188,14 +188,13 @@ def _make_disk_dir(where: str, path: str) -> None:
     try:
         os.makedirs(path, exist_ok=True)
     except OSError as exc:
+        why = f": {exc.strerror or exc}"
+    else:
+        why = "" if os.access(path, os.W_OK | os.X_OK) else ", which is not writable"
+    if why:
         raise ValueError(
             f"config '{where}.path' must be a directory this process can create and write, "
-            f"got '{path}': {exc.strerror or exc}"
-        ) from None
-    if not os.access(path, os.W_OK | os.X_OK):
-        raise ValueError(
-            f"config '{where}.path' must be a directory this process can create and write, "
-            f"got '{path}', which is not writable"
+            f"got '{path}'{why}"
         )
 
 
