@@ -105,16 +105,14 @@ class TieringManager(TierPromotions, OffloadingManager):
             raise ValueError(
                 f"memory has {memory.num_slots} slots but the CPU tier has {cpu.num_blocks} blocks"
             )
-        drain_timeout_s = check_seconds("drain_timeout_s", drain_timeout_s)
-        write_back_wait_s = check_seconds("write_back_wait_s", write_back_wait_s)
+        self.drain_timeout_s = check_seconds("drain_timeout_s", drain_timeout_s)
+        self.write_back_wait_s = check_seconds("write_back_wait_s", write_back_wait_s)
         self.negative_ttl_s = check_seconds("negative_ttl_s", negative_ttl_s)
         check_int("max_negative", max_negative, 0, why=" (failed reads remembered per tier)")
         self.cpu = cpu
         self.memory = memory
         self.slot_bytes = memory.slot_bytes
         self._clock = clock
-        self.drain_timeout_s = drain_timeout_s
-        self.write_back_wait_s = write_back_wait_s
         self._max_negative = max_negative
         self._tiers: list[TierState] = []
         seen: Counter[str] = Counter()
