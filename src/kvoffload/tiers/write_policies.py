@@ -60,12 +60,10 @@ class TierWrites:
         if self._resetting:
             self._drop(st, "resetting", len(keys))
             return []
-        fresh = [k for k in dict.fromkeys(keys) if k not in st.put_keys]
-        if fresh:
-            presence = st.tier.contains(fresh)
-            stored = [k for k, p in zip(fresh, presence, strict=True) if p is Presence.HIT]
-            st.counters["already_stored"] += len(stored)
-            fresh = [k for k, p in zip(fresh, presence, strict=True) if p is not Presence.HIT]
+        asked = [k for k in dict.fromkeys(keys) if k not in st.put_keys]
+        presence = st.tier.contains(asked) if asked else []
+        fresh = [k for k, p in zip(asked, presence, strict=True) if p is not Presence.HIT]
+        st.counters["already_stored"] += len(asked) - len(fresh)
         if not fresh:
             return []
         if not st.breaker.allows():
@@ -128,17 +126,15 @@ class TierWrites:
                 self._offer(st, keys, ctx)
 
     def _offer(self, st: TierState, keys: Sequence[OffloadKey], ctx: ReqContext) -> None:
-        assert_filter = st.admission
-        if assert_filter is None:  # cannot happen: selective tiers always get one
+        admission = st.admission
+        if admission is None:  # cannot happen: selective tiers always get one
             raise RuntimeError("selective tier without an admission filter")
-        candidates = [k for k in keys if k not in st.put_keys]
+        asked = [k for k in keys if k not in st.put_keys]
+        presence = st.tier.contains(asked) if asked else []
+        candidates = [k for k, p in zip(asked, presence, strict=True) if p is not Presence.HIT]
         if not candidates:
             return
-        presence = st.tier.contains(candidates)
-        candidates = [k for k, p in zip(candidates, presence, strict=True) if p is not Presence.HIT]
-        if not candidates:
-            return
-        admitted = assert_filter.admit(candidates, ctx)
+        admitted = admission.admit(candidates, ctx)
         self._drop(st, "admission", len(candidates) - len(admitted))
         if admitted:
             self._write(st, admitted, ctx, "write")
