@@ -101,23 +101,16 @@ class TierPromotions(TierWrites):
                         st.counters["unknown"] += 1
                     left.append(i)
             todo = left
-        out: list[tuple[LookupResult, int]] = []
-        state: RequestState | None = None
-        for i, key in enumerate(keys):
-            if found[i] >= 0:
-                out.append((_HIT, found[i]))
-            elif unknown[i] >= 0:
-                if state is None:
-                    state = request_state(ctx)
-                asked_before = state.retries.get(key, 0)
-                if asked_before < self._tiers[unknown[i]].spec.lookup_retries:
-                    state.retries[key] = asked_before + 1
-                    self._counters["retries"] += 1
-                    out.append((_RETRY, -1))
-                else:
-                    out.append((_MISS, -1))
-            else:
-                out.append((_MISS, -1))
+        out = [(_HIT, index) if index >= 0 else (_MISS, -1) for index in found]
+        for i, index in enumerate(unknown):
+            if index < 0 or found[i] >= 0:
+                continue
+            retries = request_state(ctx).retries  # made only once some tier did not know a key
+            tries = retries.get(keys[i], 0)
+            if tries < self._tiers[index].spec.lookup_retries:
+                retries[keys[i]] = tries + 1
+                self._counters["retries"] += 1
+                out[i] = (_RETRY, -1)
         return out
 
     def _allocate(
