@@ -215,9 +215,7 @@ class TierPromotions(TierWrites):
         slot_of = self.cpu.slot_of
         absent = [k for k in keys if slot_of(k) is None]
         located = dict(zip(absent, self._locate(absent, owner), strict=True)) if self._tiers else {}
-        promote: list[OffloadKey] = []
-        promote_at: list[int] = []
-        tiers: list[int] = []
+        promote: dict[OffloadKey, int] = {}  # hit key -> its position in keys
         hit_tiers: list[int] = []  # the tier of each prefix block (CPU_TIER: resident)
         stop = len(keys)
         end = _MISS  # the verdict of the key that ends the prefix
@@ -227,12 +225,10 @@ class TierPromotions(TierWrites):
                 continue
             verdict, index = located.get(key, (_MISS, -1))
             if key in promote:  # a repeated key: already part of the prefix
-                hit_tiers.append(tiers[promote.index(key)])
+                hit_tiers.append(hit_tiers[promote[key]])
                 continue
             if verdict is _HIT:
-                promote.append(key)
-                promote_at.append(i)
-                tiers.append(index)
+                promote[key] = i
                 hit_tiers.append(index)
                 continue
             stop, end = i, verdict
@@ -250,13 +246,13 @@ class TierPromotions(TierWrites):
             if plan.load_blocks < len(hit_tiers):  # the rest is recomputed sooner than read
                 stop, end, chosen = plan.load_blocks, _MISS, True
                 if not probe:  # a probe reads them all; the request waits for none
-                    keep = sum(1 for at in promote_at if at < stop)
-                    promote, promote_at, tiers = promote[:keep], promote_at[:keep], tiers[:keep]
+                    promote = {key: at for key, at in promote.items() if at < stop}
         if promote:
             # Offered with the prefix they extend (a probe's: all of it), so they evict none of it.
             prefix = keys[:walked] if probe else keys[:stop]
-            kept = self._allocate(promote, tiers, owner, prefix)
-            if kept < len(promote) and promote_at[kept] < stop:  # no room (or not admitted)
+            promote_at = list(promote.values())
+            kept = self._allocate(list(promote), [hit_tiers[i] for i in promote_at], owner, prefix)
+            if kept < len(promote_at) and promote_at[kept] < stop:  # no room (or not admitted)
                 stop, end = promote_at[kept], _MISS  # the prefix ends there
             self._flush()
         for i in range(stop):
