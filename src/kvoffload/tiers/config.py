@@ -37,8 +37,8 @@ from typing import Any
 from kvoffload._checks import check_int, redact
 from kvoffload._sizes import format_size, parse_size
 from kvoffload.tiers.base import SlotMemory, Tier
-from kvoffload.tiers.manager import SecondaryTier, check_tier_settings
 from kvoffload.tiers.registry import available_tiers, get_tier_cls
+from kvoffload.tiers.settings import SecondaryTier, check_tier_settings
 
 logger = logging.getLogger(__name__)
 

@@ -46,13 +46,7 @@ from kvoffload.tiers.breaker import BREAKER_GAUGE, BreakerState
 from kvoffload.tiers.costs import CPU_TIER, LoadDecider
 from kvoffload.tiers.latency import LatencyHistogram
 from kvoffload.tiers.promotion import TierPromotions
-from kvoffload.tiers.settings import (
-    BENIGN_REASONS,
-    SecondaryTier,
-    TieringStats,
-    WritePolicy,
-    check_tier_settings,
-)
+from kvoffload.tiers.settings import BENIGN_REASONS, SecondaryTier, TieringStats, WritePolicy
 from kvoffload.tiers.tiering_state import RequestState, TierJobState, TierState
 
 logger = logging.getLogger(__name__)
@@ -492,5 +486,4 @@ __all__ = [
     "TieringStats",
     "WritePolicy",
     "breaker_state",
-    "check_tier_settings",
 ]
