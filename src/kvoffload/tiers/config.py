@@ -127,11 +127,8 @@ class TierConfig:
     def build(self, memory: SlotMemory, **defaults: Any) -> SecondaryTier:
         """The tier over ``memory`` wrapped for the manager; ``defaults`` fill unset params
         the constructor takes (the spec passes ``namespace``)."""
-        params = dict(self.params)
         accepted = _constructor_params(self.cls)
-        for key, value in defaults.items():
-            if key in accepted and key not in params:
-                params[key] = value
+        params = {**{k: v for k, v in defaults.items() if k in accepted}, **self.params}
         if self.cls.__name__ == "DiskTier":
             path = os.fspath(params.get("path", "."))
             _make_disk_dir(self.where, path)
