@@ -152,12 +152,10 @@ class TierPromotions(TierWrites):
             self._counters["promotion_allocation_failures"] += 1
             return 0
         slots = dict(zip(out.keys_to_store, out.store_spec.block_ids, strict=True))
-        kept = len(keys)
-        for i, key in enumerate(keys):
-            if key not in slots:  # cut by a partial store (or stored meanwhile)
-                kept = i
-                self._counters["promotions_cut"] += 1
-                break
+        # A partial store (or a key stored meanwhile) cuts them at the first key without a slot.
+        kept = next((i for i, key in enumerate(keys) if key not in slots), len(keys))
+        if kept < len(keys):
+            self._counters["promotions_cut"] += 1
         read = set(keys[:kept])
         unread = [k for k in out.keys_to_store if k not in read]
         if unread:  # slots no read will fill: released now, never left pending
