@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from kvoffload.context import ReqContext
@@ -35,10 +35,7 @@ class TierWrites:
     _resetting: bool
     _tiers: list[TierState]
     _write_back: list[TierState]
-
-    def _reap(self) -> int:
-        """Apply the tiers' completions (the manager's; a write-back waits on it)."""
-        raise NotImplementedError
+    _reap: Callable[[], int]  # applies the tiers' completions (a write-back waits on them)
 
     def _drop(self, st: TierState, reason: str, count: int) -> None:
         if count:
