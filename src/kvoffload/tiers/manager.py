@@ -306,8 +306,7 @@ class TieringManager(TierPromotions, OffloadingManager):
         Why: a caller that must see a promotion or a write land (the synchronous facade, a
         test) waits on the tiers' own ``drain`` between steps instead of sleeping in a loop.
         """
-        timeout = check_seconds("timeout", timeout)
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + check_seconds("timeout", timeout)
         while True:
             self.step()
             if not (self.has_pending_work() if ctx is None else self.promotions_in_flight(ctx)):
