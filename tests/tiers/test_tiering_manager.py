@@ -100,7 +100,7 @@ def test_write_back_writes_a_block_only_when_the_cpu_policy_evicts_it() -> None:
     assert manager.get_stats().pinned_blocks == 0  # nothing held: the CPU policy chooses
     store(manager, memory, [key(4)], ctx)
     manager.step()  # the CPU is full: its policy's next victim (LRU: key 1) goes ahead
-    assert manager.cpu_slot(key(1)) is None and manager.cpu.lookup(key(1), ctx) is MISS
+    assert manager.cpu.slot_of(key(1)) is None and manager.cpu.lookup(key(1), ctx) is MISS
     stats = manager.get_stats()
     assert stats.held_blocks == 1 and stats.tiers["t0"]["write_back_blocks"] == 1
     assert stats.tiering["evicted_ahead"] == 1 and stats.evictions == 1
@@ -109,7 +109,7 @@ def test_write_back_writes_a_block_only_when_the_cpu_policy_evicts_it() -> None:
     assert tier.stored_keys() == {key(1)} and tier.record(key(1)) == pattern(key(1))
     stats = manager.get_stats()
     assert stats.held_blocks == 0 and manager.cpu.free_blocks == 1
-    assert {key(2), key(3), key(4)} <= {k for k in map(key, range(5)) if manager.cpu_slot(k)}
+    assert {key(2), key(3), key(4)} <= {k for k in map(key, range(5)) if manager.cpu.slot_of(k)}
 
 
 def test_a_store_waits_for_a_slow_write_back_and_never_reuses_the_slot_early() -> None:
@@ -121,18 +121,18 @@ def test_a_store_waits_for_a_slow_write_back_and_never_reuses_the_slot_early() -
     )
     store(manager, memory, [key(1)], ReqContext(req_id="a"))
     store(manager, memory, [key(2)], ReqContext(req_id="a2"))
-    victim_slot = manager.cpu_slot(key(1))
+    victim_slot = manager.cpu.slot_of(key(1))
     other = ReqContext(req_id="b")
     assert manager.prepare_store([key(3)], other) is None  # key 1 is being written back
     assert manager.prepare_store([key(3)], other) is None  # still: and no second victim
     stats = manager.get_stats()
     assert stats.tiering["stores_waiting_write_back"] == 2
-    assert stats.tiering["evicted_ahead"] == 1 and manager.cpu_slot(key(2)) is not None
+    assert stats.tiering["evicted_ahead"] == 1 and manager.cpu.slot_of(key(2)) is not None
     for _ in range(6):
         manager.step()
     assert tier.record(key(1)) == pattern(key(1))  # copied out before the slot was reused
     assert store(manager, memory, [key(3)], other) == [key(3)]
-    assert manager.cpu_slot(key(3)) == victim_slot
+    assert manager.cpu.slot_of(key(3)) == victim_slot
 
 
 def test_a_store_short_of_room_waits_for_its_write_backs_then_proceeds() -> None:
@@ -211,7 +211,7 @@ def test_prefix_promotion_is_one_job_per_tier_and_stops_at_the_first_gap() -> No
     keys = [key(i) for i in range(5)]
     assert manager.lookup_prefix(keys, ctx) == [PENDING, PENDING, PENDING, MISS, MISS]
     assert (t0.stats()["get_jobs"], t1.stats()["get_jobs"]) == (gets[0] + 1, gets[1] + 1)
-    assert manager.cpu_slot(key(4)) is None  # after the gap: not promoted
+    assert manager.cpu.slot_of(key(4)) is None  # after the gap: not promoted
     manager.step()
     assert manager.lookup_prefix(keys, ctx)[:3] == [HIT, HIT, HIT]
     assert read(manager, memory, keys[:3], ctx) == [pattern(k) for k in keys[:3]]
@@ -473,7 +473,7 @@ def test_a_prefix_promotion_never_evicts_cpu_blocks_after_the_promoted_ones() ->
     keys = [key(0), key(1), key(2)]
     # Room for key 0 would mean evicting key 1 or 2, both in this prefix: the prefix ends at 0.
     assert manager.lookup_prefix(keys, ReqContext(req_id="b")) == [MISS, MISS, MISS]
-    assert manager.cpu_slot(key(1)) is not None and manager.cpu_slot(key(2)) is not None
+    assert manager.cpu.slot_of(key(1)) is not None and manager.cpu.slot_of(key(2)) is not None
 
 
 def test_a_promotion_cut_by_the_in_flight_bound_gives_slots_only_to_the_promoted_keys() -> None:

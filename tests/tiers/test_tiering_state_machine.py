@@ -155,7 +155,7 @@ class TieringMachine(RuleBasedStateMachine):
             if result in (MISS, RETRY):
                 ended = True
                 continue
-            assert self.manager.cpu_slot(k) is not None  # HIT and HIT_PENDING hold a slot
+            assert self.manager.cpu.slot_of(k) is not None  # HIT and HIT_PENDING hold a slot
             assert k in self.stored_ever or result is PENDING or self._cpu_ready(k)
         hits = []
         for k, result in zip(keys, results, strict=True):
@@ -170,7 +170,7 @@ class TieringMachine(RuleBasedStateMachine):
     def lookup_one(self, req: int, i: int) -> None:
         result = self.manager.lookup(KEYS[i], self.ctxs[req])
         if result in (HIT, PENDING):
-            assert self.manager.cpu_slot(KEYS[i]) is not None
+            assert self.manager.cpu.slot_of(KEYS[i]) is not None
 
     @precondition(lambda self: self.loads)
     @rule(data=st.data())
@@ -264,7 +264,7 @@ class TieringMachine(RuleBasedStateMachine):
         slots = {}
         for k in KEYS:
             status = self.cpu.policy.get(k)
-            assert self.manager.cpu_slot(k) == (status.block_id if status else None)
+            assert self.manager.cpu.slot_of(k) == (status.block_id if status else None)
             if status is not None:
                 assert status.block_id not in slots, "two blocks in one slot"
                 slots[status.block_id] = k

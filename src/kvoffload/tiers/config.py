@@ -31,14 +31,14 @@ import os
 import shutil
 import typing
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
 
 from kvoffload._checks import check_int, redact
 from kvoffload._sizes import format_size, parse_size
 from kvoffload.tiers.base import SlotMemory, Tier
-from kvoffload.tiers.manager import SecondaryTier, check_tier_settings
 from kvoffload.tiers.registry import available_tiers, get_tier_cls
+from kvoffload.tiers.settings import _SETTING_DEFAULTS, SecondaryTier, check_tier_settings
 
 logger = logging.getLogger(__name__)
 
@@ -56,7 +56,6 @@ REPLACED_KEYS = {
 #: no bound at all, vllm #52784; we never run a disk full).
 DEFAULT_DISK_SHARE = 0.5
 
-_MANAGER_KEYS = tuple(f.name for f in fields(SecondaryTier) if f.name not in ("tier", "admission"))
 _RESERVED = ("memory", "self")
 
 
@@ -127,11 +126,8 @@ class TierConfig:
     def build(self, memory: SlotMemory, **defaults: Any) -> SecondaryTier:
         """The tier over ``memory`` wrapped for the manager; ``defaults`` fill unset params
         the constructor takes (the spec passes ``namespace``)."""
-        params = dict(self.params)
         accepted = _constructor_params(self.cls)
-        for key, value in defaults.items():
-            if key in accepted and key not in params:
-                params[key] = value
+        params = {**{k: v for k, v in defaults.items() if k in accepted}, **self.params}
         if self.cls.__name__ == "DiskTier":
             path = os.fspath(params.get("path", "."))
             _make_disk_dir(self.where, path)
@@ -188,14 +184,13 @@ def _make_disk_dir(where: str, path: str) -> None:
     try:
         os.makedirs(path, exist_ok=True)
     except OSError as exc:
+        why = f": {exc.strerror or exc}"
+    else:
+        why = "" if os.access(path, os.W_OK | os.X_OK) else ", which is not writable"
+    if why:
         raise ValueError(
             f"config '{where}.path' must be a directory this process can create and write, "
-            f"got '{path}': {exc.strerror or exc}"
-        ) from None
-    if not os.access(path, os.W_OK | os.X_OK):
-        raise ValueError(
-            f"config '{where}.path' must be a directory this process can create and write, "
-            f"got '{path}', which is not writable"
+            f"got '{path}'{why}"
         )
 
 
@@ -305,11 +300,11 @@ def parse_tier(raw: Mapping[str, Any], index: int = 0) -> TierConfig:
         key = KEY_ALIASES.get(key, key)
         if key in REPLACED_KEYS:
             raise ValueError(f"config '{where}.{key}' is not accepted: {REPLACED_KEYS[key]}")
-        if key in _MANAGER_KEYS:
+        if key in _SETTING_DEFAULTS:
             manager[key] = value
             continue
         if key not in accepted:
-            options = sorted(set(accepted) | set(_MANAGER_KEYS))
+            options = sorted(set(accepted) | set(_SETTING_DEFAULTS))
             close = difflib.get_close_matches(key, options, n=1)
             hint = f" Did you mean '{close[0]}'?" if close else ""
             raise ValueError(

@@ -20,6 +20,7 @@ against a brute-force search over the same model.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -44,26 +45,15 @@ RESTART_WEIGHT = 1.0 / 16
 class LinearCost:
     """A running, outlier-bounded estimate of ``seconds = fixed + per_unit * units``.
 
-    A weighted least-squares line over the observations, each weight decaying by half every
-    ``half_life`` observations. Three rules make it learn a tier in one job yet not be fooled
-    by one stalled job:
-
-    * **The prior yields at once.** It is two pseudo-observations (at 0 units and at
-      ``prior_units``) worth ``prior_weight`` observations together, and its weight halves
-      with every real observation (down to :data:`PRIOR_WEIGHT_FLOOR`, which only keeps the
-      slope defined while every observation has one size): after one job the line is
-      mostly that job's, after a few it is the tier's own.
-    * **Outliers are bounded once warm.** The first ``warmup`` observations (since
-      construction or a restart) are taken as they are; later ones are clipped to
-      ``[predicted / clip, predicted * clip]``, so one stalled job moves a learned line by a
-      bounded step.
-    * **A floor restarts it.** :meth:`observe_floor` says a job of ``units`` has run for
-      ``seconds`` and is not done. When that exceeds the prediction, the line is wrong (the
-      tier slowed down): every prediction is at least ``seconds`` until a job completes, and
-      that completion restarts the line (the past keeps 1/16 of an observation's weight, the
-      warm-up begins again; it counts at least the floor, since the overdue job had run that
-      long already, whenever its tier reports it), so the next decision already weighs the
-      slow tier, and the ones after the completion its measured cost.
+    A weighted least-squares line over the observations, each weight halving every
+    ``half_life`` observations. Three rules (``docs/tiers.md``, Load or recompute, says why)
+    make it learn a tier in one job yet not be fooled by one stalled job: the prior (two
+    pseudo-observations, at 0 units and at ``prior_units``, worth ``prior_weight``
+    observations together) halves with every real observation, down to
+    :data:`PRIOR_WEIGHT_FLOOR`; after the first ``warmup`` observations (since construction
+    or a restart) each is clipped to ``[predicted / clip, predicted * clip]``; a floor above
+    the prediction (:meth:`observe_floor`) holds every prediction until a job completes, and
+    that observation (at least the floor) restarts the line.
     """
 
     __slots__ = (
@@ -376,8 +366,8 @@ class TierCosts:
 
     __slots__ = ("benefit", "histograms", "probes", "queue", "read", "skips")
 
-    def __init__(self, read: LinearCost | None = None) -> None:
-        self.read = read if read is not None else tier_read_cost()
+    def __init__(self) -> None:
+        self.read = tier_read_cost()
         self.skips = 0  # plans that recomputed this tier's blocks since its last read
         self.probes = 0  # plans overridden to read it anyway, to measure it again
         self.queue = QueueWait()
@@ -413,11 +403,8 @@ class LoadDecider:
 
     A tier judged slower than prefill is no longer read, so nothing would tell when it
     recovers: after ``probe_every`` plans in a row that recomputed its blocks, the next plan
-    is a probe (counted per tier): its request still recomputes what the plan says, and the
-    skipped blocks are read in the background, so their reads re-measure the tier without the
-    request waiting on a tier that may still be slow (the blocks then serve later requests).
-    The CPU tier cannot be read in the background (the engine's copy is the read): a probe
-    of its blocks loads the whole hit prefix in the foreground instead.
+    is a probe, read in the background (of CPU blocks: the whole hit prefix loaded in the
+    foreground; ``docs/tiers.md``, Load or recompute).
     """
 
     #: Plans in a row that skip a tier before one reads it again (the cost of staying current).
@@ -471,14 +458,15 @@ class LoadDecider:
         costs = {i: t.cost() for i, t in enumerate(self.tiers)}
         if self.cpu.read.observations:
             costs[CPU_TIER] = self.cpu.cost()
-        plan = plan_load(
+        plan_with = functools.partial(
+            plan_load,
             hit_tiers,
             block_tokens=self.block_tokens,
             block_bytes=block_bytes,
             prompt_tokens=prompt_tokens,
-            tier_costs=costs,
             prefill=self.prefill,
         )
+        plan = plan_with(tier_costs=costs)
         if not count:
             return plan
         skipped = [self.costs(tier) for tier in plan.recomputed_by_tier]
@@ -488,14 +476,7 @@ class LoadDecider:
                 c.skips = 0
                 c.probes += 1
             if CPU_TIER in plan.recomputed_by_tier:
-                return plan_load(  # no costs: every hit block is loaded
-                    hit_tiers,
-                    block_tokens=self.block_tokens,
-                    block_bytes=block_bytes,
-                    prompt_tokens=prompt_tokens,
-                    tier_costs={},
-                    prefill=self.prefill,
-                )
+                return plan_with(tier_costs={})  # no costs: every hit block is loaded
             plan = replace(plan, probe=True)
         for tier, n in plan.recomputed_by_tier.items():
             skipped_tier = self.costs(tier)

@@ -46,18 +46,8 @@ from kvoffload.tiers.breaker import BREAKER_GAUGE, BreakerState
 from kvoffload.tiers.costs import CPU_TIER, LoadDecider
 from kvoffload.tiers.latency import LatencyHistogram
 from kvoffload.tiers.promotion import TierPromotions
-from kvoffload.tiers.settings import (
-    BENIGN_REASONS,
-    SecondaryTier,
-    TieringStats,
-    WritePolicy,
-    check_tier_settings,
-)
-
-# the manager's own names for its bookkeeping (kept private here, as before the split)
-from kvoffload.tiers.tiering_state import RequestState as _RequestState
-from kvoffload.tiers.tiering_state import TierJobState as _Job
-from kvoffload.tiers.tiering_state import TierState as _TierState
+from kvoffload.tiers.settings import BENIGN_REASONS, SecondaryTier, TieringStats, WritePolicy
+from kvoffload.tiers.tiering_state import RequestState, TierJobState, TierState
 
 logger = logging.getLogger(__name__)
 
@@ -109,18 +99,16 @@ class TieringManager(TierPromotions, OffloadingManager):
             raise ValueError(
                 f"memory has {memory.num_slots} slots but the CPU tier has {cpu.num_blocks} blocks"
             )
-        drain_timeout_s = check_seconds("drain_timeout_s", drain_timeout_s)
-        write_back_wait_s = check_seconds("write_back_wait_s", write_back_wait_s)
+        self.drain_timeout_s = check_seconds("drain_timeout_s", drain_timeout_s)
+        self.write_back_wait_s = check_seconds("write_back_wait_s", write_back_wait_s)
         self.negative_ttl_s = check_seconds("negative_ttl_s", negative_ttl_s)
         check_int("max_negative", max_negative, 0, why=" (failed reads remembered per tier)")
         self.cpu = cpu
         self.memory = memory
         self.slot_bytes = memory.slot_bytes
         self._clock = clock
-        self.drain_timeout_s = drain_timeout_s
-        self.write_back_wait_s = write_back_wait_s
         self._max_negative = max_negative
-        self._tiers: list[_TierState] = []
+        self._tiers: list[TierState] = []
         seen: Counter[str] = Counter()
         for i, item in enumerate(tiers):
             spec = item if isinstance(item, SecondaryTier) else SecondaryTier(item)
@@ -133,16 +121,16 @@ class TieringManager(TierPromotions, OffloadingManager):
             seen[label] += 1
             if seen[label] > 1:
                 label = f"{label}#{i}"
-            self._tiers.append(_TierState(spec, label, clock, cpu.num_blocks))
+            self._tiers.append(TierState(spec, label, clock))
         self.costs = LoadDecider(
             [st.costs for st in self._tiers],
             block_tokens=block_tokens,
             prefill_tokens_per_s=prefill_tokens_per_s,
             decide=decide,
         )
-        self._promoting: dict[OffloadKey, int] = {}  # key -> tier index of its promotion
         self._write_back = [st for st in self._tiers if st.policy is WritePolicy.WRITE_BACK]
-        self._reserve = max((st.reserve for st in self._write_back), default=0)
+        reserves = [st.spec.write_back_reserve_blocks for st in self._write_back]
+        self._reserve = max((r or max(1, cpu.num_blocks // 16) for r in reserves), default=0)
         self._evicting: dict[int, list[Any]] = {}  # held victim slot -> [key, writes left]
         self._generation = 0
         self._resetting = False
@@ -191,9 +179,14 @@ class TieringManager(TierPromotions, OffloadingManager):
         any policy already)."""
         return self.cpu.switch_policy(cache_policy, cache_policy_module_path, req_context, **params)
 
-    def promotions_in_flight(self) -> int:
-        """Blocks being promoted into the CPU tier (queued or read): they read ``HIT_PENDING``."""
-        return len(self._promoting)
+    def promotions_in_flight(self, ctx: ReqContext | None = None) -> int:
+        """Blocks being promoted into the CPU tier (queued or read; with ``ctx``, its own only):
+        they read ``HIT_PENDING``."""
+        queued = [owner for st in self._tiers for _, _, owner in st.queue]
+        reads = [job for st in self._tiers for job in st.jobs.values() if job.kind is JobKind.GET]
+        return sum(ctx is None or owner is ctx for owner in queued) + sum(
+            len(job.keys) for job in reads if ctx is None or job.ctx is ctx
+        )
 
     def observe_prefill(self, tokens: int, seconds: float) -> None:
         """The engine's measured prefill of ``tokens`` tokens in ``seconds`` (feeds the plan)."""
@@ -211,20 +204,9 @@ class TieringManager(TierPromotions, OffloadingManager):
         out["cpu"] = {"load": self.costs.cpu.histograms["load"]}
         return out
 
-    def cpu_slot(self, key: OffloadKey) -> int | None:
-        """The CPU slot of a resident key (ready or pending), else ``None``."""
-        return self.cpu.slot_of(key)
-
-    def _jobs_in_flight(self) -> bool:
-        return any(st.jobs for st in self._tiers)
-
     # ----------------------------------------------------------- completions
     def _reap(self) -> int:
         """Process every finished tier job; returns how many."""
-        if not self._jobs_in_flight():
-            if self._resetting:
-                self._finish_reset()
-            return 0
         done = 0
         for index, st in enumerate(self._tiers):
             if not st.jobs:
@@ -236,11 +218,11 @@ class TieringManager(TierPromotions, OffloadingManager):
                     continue
                 done += 1
                 self._finish(index, st, job, result)
-        if self._resetting and not self._jobs_in_flight():
+        if self._resetting and not any(st.jobs for st in self._tiers):
             self._finish_reset()
         return done
 
-    def _finish(self, index: int, st: _TierState, job: _Job, result: TierResult) -> None:
+    def _finish(self, index: int, st: TierState, job: TierJobState, result: TierResult) -> None:
         st.inflight_bytes -= job.nbytes
         failed = [i for i, ok in enumerate(result.ok) if not ok]
         faults = [i for i in failed if result.reasons.get(i, "failed") not in BENIGN_REASONS]
@@ -251,21 +233,11 @@ class TieringManager(TierPromotions, OffloadingManager):
             st.counters["stale_completions"] += 1
             self._counters["stale_completions"] += 1
         if job.kind is JobKind.GET:
-            self._finish_get(index, st, job, result, failed, stale)
+            self._finish_get(index, job, result, stale)
         elif job.kind is JobKind.PUT:
             self._finish_put(st, job, result, failed)
 
-    def _finish_get(
-        self,
-        index: int,
-        st: _TierState,
-        job: _Job,
-        result: TierResult,
-        failed: list[int],
-        stale: bool,
-    ) -> None:
-        for key in job.keys:
-            self._promoting.pop(key, None)
+    def _finish_get(self, index: int, job: TierJobState, result: TierResult, stale: bool) -> None:
         # A stale read still measured the tier (a request that stopped waiting for it, then
         # a reset, must not leave its cost unknown); only a current one served tokens.
         waited = time.monotonic() - job.submitted if job.submitted else None
@@ -274,7 +246,8 @@ class TieringManager(TierPromotions, OffloadingManager):
         if stale:  # the CPU reset waits for this job, so its slots are still this job's
             self.cpu.complete_promotion(job.keys, success=False)
             return
-        bad = [job.keys[i] for i in failed]
+        st = self._tiers[index]
+        bad = [job.keys[i] for i, ok in enumerate(result.ok) if not ok]
         good = [k for i, k in enumerate(job.keys) if result.ok[i]]
         st.counters["bytes_read"] += result.nbytes
         st.counters["read_seconds"] += result.seconds
@@ -291,7 +264,9 @@ class TieringManager(TierPromotions, OffloadingManager):
                 if nearer.spec.fill:
                     self._write(nearer, good, job.ctx, "fill")
 
-    def _finish_put(self, st: _TierState, job: _Job, result: TierResult, failed: list[int]) -> None:
+    def _finish_put(
+        self, st: TierState, job: TierJobState, result: TierResult, failed: list[int]
+    ) -> None:
         st.put_keys.difference_update(job.keys)
         if job.purpose == "write_back":
             st.write_backs -= len(job.keys)
@@ -312,14 +287,12 @@ class TieringManager(TierPromotions, OffloadingManager):
     # -------------------------------------------------------------- the API
     def step(self) -> int:
         """Once per scheduler step: submit queued promotions, reap completions, write back."""
-        if self._internal.get_state(_RequestState) is not None:  # ctx-less lookups ran
+        if self._internal.get_state(RequestState) is not None:  # ctx-less lookups ran
             self.on_request_finished(self._internal)
         self._flush()
         done = self._reap()
         if self._write_back and not self._resetting:  # keep the reserve of free slots
-            short = self._reserve - self.cpu.free_blocks - len(self._evicting)
-            if short > 0:
-                self._evict_ahead(short, ())
+            self._evict_ahead(self._reserve, ())
         return done
 
     poll = step
@@ -333,11 +306,10 @@ class TieringManager(TierPromotions, OffloadingManager):
         Why: a caller that must see a promotion or a write land (the synchronous facade, a
         test) waits on the tiers' own ``drain`` between steps instead of sleeping in a loop.
         """
-        timeout = check_seconds("timeout", timeout)
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + check_seconds("timeout", timeout)
         while True:
             self.step()
-            if not (self.has_pending_work() if ctx is None else self._promoting_for(ctx)):
+            if not (self.has_pending_work() if ctx is None else self.promotions_in_flight(ctx)):
                 return True
             left = deadline - time.monotonic()
             if left <= 0:
@@ -346,16 +318,8 @@ class TieringManager(TierPromotions, OffloadingManager):
                 if st.jobs:  # a short slice each, so every tier's completions are reaped
                     st.tier.drain(min(left, _WAIT_SLICE_S))
 
-    def _promoting_for(self, ctx: ReqContext) -> bool:
-        """Whether a promotion of ``ctx`` is queued or being read."""
-        return any(
-            any(item[2] is ctx for item in st.queue)
-            or any(job.ctx is ctx and job.kind is JobKind.GET for job in st.jobs.values())
-            for st in self._tiers
-        )
-
     def _end_pass(self, ctx: ReqContext) -> None:
-        state = ctx.get_state(_RequestState)
+        state = ctx.get_state(RequestState)
         if state is not None:
             state.seen.clear()
 
@@ -409,7 +373,7 @@ class TieringManager(TierPromotions, OffloadingManager):
         return self.cpu.on_new_request(ctx)
 
     def on_request_finished(self, ctx: ReqContext) -> None:
-        state = ctx.get_state(_RequestState)
+        state = ctx.get_state(RequestState)
         if state is not None:
             state.retries.clear()
             state.seen.clear()
@@ -427,8 +391,6 @@ class TieringManager(TierPromotions, OffloadingManager):
         self._counters["resets"] += 1
         for st in self._tiers:
             queued, st.queue = st.queue, []
-            for key, _, _ in queued:
-                self._promoting.pop(key, None)
             if queued:
                 self.cpu.complete_promotion([key for key, _, _ in queued], success=False)
         self._drain_tiers()
@@ -451,7 +413,6 @@ class TieringManager(TierPromotions, OffloadingManager):
 
     def _finish_reset(self) -> None:
         self.cpu.reset_cache()
-        self._promoting.clear()
         for st in self._tiers:
             if st.admission is not None:
                 st.admission.reset()
@@ -462,7 +423,7 @@ class TieringManager(TierPromotions, OffloadingManager):
         """True while a reset waits for tiers that did not drain in time."""
         return self._resetting
 
-    def _tier_stats(self, st: _TierState) -> dict[str, Any]:
+    def _tier_stats(self, st: TierState) -> dict[str, Any]:
         out: dict[str, Any] = dict(st.counters)
         out.update(
             write_policy=st.policy.value,
@@ -524,5 +485,4 @@ __all__ = [
     "TieringStats",
     "WritePolicy",
     "breaker_state",
-    "check_tier_settings",
 ]

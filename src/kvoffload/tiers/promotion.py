@@ -34,7 +34,6 @@ class TierPromotions(TierWrites):
     negative_ttl_s: float
     _clock: Callable[[], float]
     _max_negative: int
-    _promoting: dict[OffloadKey, int]  # key -> tier index of its promotion
 
     def note_overdue(self, ctx: ReqContext) -> int:
         """``ctx`` stopped waiting for its reads: each one still in flight has taken at least
@@ -54,9 +53,6 @@ class TierPromotions(TierWrites):
         """The plan of ``ctx``'s last :meth:`lookup_prefix` (``None``: no decision was made)."""
         state = ctx.get_state(RequestState)
         return state.plan if state is not None else None
-
-    def _ctx(self, ctx: ReqContext | None) -> ReqContext:
-        return ctx if ctx is not None else self._internal
 
     def _negative(self, st: TierState, key: OffloadKey) -> None:
         if not self._max_negative:
@@ -105,23 +101,16 @@ class TierPromotions(TierWrites):
                         st.counters["unknown"] += 1
                     left.append(i)
             todo = left
-        out: list[tuple[LookupResult, int]] = []
-        state: RequestState | None = None
-        for i, key in enumerate(keys):
-            if found[i] >= 0:
-                out.append((_HIT, found[i]))
-            elif unknown[i] >= 0:
-                if state is None:
-                    state = request_state(ctx)
-                asked_before = state.retries.get(key, 0)
-                if asked_before < self._tiers[unknown[i]].spec.lookup_retries:
-                    state.retries[key] = asked_before + 1
-                    self._counters["retries"] += 1
-                    out.append((_RETRY, -1))
-                else:
-                    out.append((_MISS, -1))
-            else:
-                out.append((_MISS, -1))
+        out = [(_HIT, index) if index >= 0 else (_MISS, -1) for index in found]
+        for i, index in enumerate(unknown):
+            if index < 0 or found[i] >= 0:
+                continue
+            retries = request_state(ctx).retries  # made only once some tier did not know a key
+            tries = retries.get(keys[i], 0)
+            if tries < self._tiers[index].spec.lookup_retries:
+                retries[keys[i]] = tries + 1
+                self._counters["retries"] += 1
+                out[i] = (_RETRY, -1)
         return out
 
     def _allocate(
@@ -163,19 +152,16 @@ class TierPromotions(TierWrites):
             self._counters["promotion_allocation_failures"] += 1
             return 0
         slots = dict(zip(out.keys_to_store, out.store_spec.block_ids, strict=True))
-        kept = len(keys)
-        for i, key in enumerate(keys):
-            if key not in slots:  # cut by a partial store (or stored meanwhile)
-                kept = i
-                self._counters["promotions_cut"] += 1
-                break
+        # A partial store (or a key stored meanwhile) cuts them at the first key without a slot.
+        kept = next((i for i, key in enumerate(keys) if key not in slots), len(keys))
+        if kept < len(keys):
+            self._counters["promotions_cut"] += 1
         read = set(keys[:kept])
         unread = [k for k in out.keys_to_store if k not in read]
         if unread:  # slots no read will fill: released now, never left pending
             self.cpu.complete_promotion(unread, success=False)
         for key, index in zip(keys[:kept], tiers[:kept], strict=True):
             self._tiers[index].queue.append((key, slots[key], ctx))
-            self._promoting[key] = index
         return kept
 
     def lookup(self, key: OffloadKey, ctx: ReqContext | None = None) -> LookupResult:
@@ -190,7 +176,7 @@ class TierPromotions(TierWrites):
         result = self.cpu.lookup(key, ctx)
         if not self._tiers:
             return result
-        owner = self._ctx(ctx)
+        owner = ctx if ctx is not None else self._internal
         seen = request_state(owner).seen
         if result is not _MISS:
             if key in seen:  # the driver starts a new pass over its prefix
@@ -223,13 +209,11 @@ class TierPromotions(TierWrites):
         results = [_MISS] * len(keys)
         if self._resetting or not keys:
             return results
-        owner = self._ctx(ctx)
+        owner = ctx if ctx is not None else self._internal
         slot_of = self.cpu.slot_of
         absent = [k for k in keys if slot_of(k) is None]
         located = dict(zip(absent, self._locate(absent, owner), strict=True)) if self._tiers else {}
-        promote: list[OffloadKey] = []
-        promote_at: list[int] = []
-        tiers: list[int] = []
+        promote: dict[OffloadKey, int] = {}  # hit key -> its position in keys
         hit_tiers: list[int] = []  # the tier of each prefix block (CPU_TIER: resident)
         stop = len(keys)
         end = _MISS  # the verdict of the key that ends the prefix
@@ -239,12 +223,10 @@ class TierPromotions(TierWrites):
                 continue
             verdict, index = located.get(key, (_MISS, -1))
             if key in promote:  # a repeated key: already part of the prefix
-                hit_tiers.append(tiers[promote.index(key)])
+                hit_tiers.append(hit_tiers[promote[key]])
                 continue
             if verdict is _HIT:
-                promote.append(key)
-                promote_at.append(i)
-                tiers.append(index)
+                promote[key] = i
                 hit_tiers.append(index)
                 continue
             stop, end = i, verdict
@@ -262,23 +244,21 @@ class TierPromotions(TierWrites):
             if plan.load_blocks < len(hit_tiers):  # the rest is recomputed sooner than read
                 stop, end, chosen = plan.load_blocks, _MISS, True
                 if not probe:  # a probe reads them all; the request waits for none
-                    keep = sum(1 for at in promote_at if at < stop)
-                    promote, promote_at, tiers = promote[:keep], promote_at[:keep], tiers[:keep]
+                    promote = {key: at for key, at in promote.items() if at < stop}
         if promote:
             # Offered with the prefix they extend (a probe's: all of it), so they evict none of it.
             prefix = keys[:walked] if probe else keys[:stop]
-            kept = self._allocate(promote, tiers, owner, prefix)
-            if kept < len(promote) and promote_at[kept] < stop:  # no room (or not admitted)
+            promote_at = list(promote.values())
+            kept = self._allocate(list(promote), [hit_tiers[i] for i in promote_at], owner, prefix)
+            if kept < len(promote_at) and promote_at[kept] < stop:  # no room (or not admitted)
                 stop, end = promote_at[kept], _MISS  # the prefix ends there
             self._flush()
         for i in range(stop):
             results[i] = self.cpu.lookup(keys[i], ctx)
         if stop < len(keys):
             results[stop] = end
-        if stop < len(keys) and results[stop] is _MISS and not chosen:
-            self.cpu.lookup(
-                keys[stop], ctx
-            )  # count the miss that ends the prefix, as a driver does
+            if end is _MISS and not chosen:  # count the miss that ends the prefix, as a driver does
+                self.cpu.lookup(keys[stop], ctx)
         return results
 
     # ------------------------------------------------------------------ moves

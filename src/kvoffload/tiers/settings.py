@@ -45,11 +45,9 @@ class SecondaryTier:
         breaker_threshold: failed jobs in a row that open its breaker (0: never).
         breaker_backoff_s / breaker_max_backoff_s: first and longest wait before a probe.
         lookup_retries: ``RETRY`` answers per request and key while the tier says UNKNOWN.
-        write_back_reserve_blocks: free CPU slots kept ready for stores by evicting (and
-            writing back) the CPU policy's next victims ahead of need, at each :meth:`step`
-            (default, 0: a sixteenth of the CPU tier, at least 1). A store that finds too few
-            free slots evicts ahead what it needs and waits (is refused) while those victims
-            are still being written.
+        write_back_reserve_blocks: free CPU slots each ``step`` keeps ready for stores by
+            evicting (and writing back) ahead of need (default, 0: a sixteenth of the CPU
+            tier, at least 1); ``docs/tiers.md`` (write_back) says what a store short of them does.
         label: name in stats (default: the tier's ``name``; repeated names get ``#i``).
     """
 

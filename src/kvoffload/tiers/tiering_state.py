@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections import Counter, OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from kvoffload.admission import AdmissionFilter, StoreAfterNOffers
 from kvoffload.context import ReqContext
@@ -32,15 +32,14 @@ class TierJobState:
     overdue: bool = False  # a request stopped waiting for it (its age was observed then)
 
 
+@dataclass(slots=True)
 class RequestState:
     """Per-request tiering state kept in the request's ``ReqContext``."""
 
-    __slots__ = ("plan", "retries", "seen")
-
-    def __init__(self) -> None:
-        self.retries: dict[OffloadKey, int] = {}
-        self.seen: dict[OffloadKey, None] = {}  # this pass's CPU-resident prefix, in order
-        self.plan: LoadPlan | None = None  # the last lookup_prefix's load-or-recompute plan
+    retries: dict[OffloadKey, int] = field(default_factory=dict)
+    # this pass's CPU-resident prefix, in order
+    seen: dict[OffloadKey, None] = field(default_factory=dict)
+    plan: LoadPlan | None = None  # the last lookup_prefix's load-or-recompute plan
 
 
 def request_state(ctx: ReqContext) -> RequestState:
@@ -72,9 +71,7 @@ TIER_COUNTERS = (
 class TierState:
     """One secondary tier's runtime state."""
 
-    def __init__(
-        self, spec: SecondaryTier, label: str, clock: Callable[[], float], cpu_blocks: int
-    ) -> None:
+    def __init__(self, spec: SecondaryTier, label: str, clock: Callable[[], float]) -> None:
         self.spec = spec
         self.tier = spec.tier
         self.label = label
@@ -90,7 +87,6 @@ class TierState:
                 else StoreAfterNOffers(max(spec.store_threshold, 1))
             )
         self.max_batch = spec.tier.capabilities.max_batch
-        self.reserve = spec.write_back_reserve_blocks or max(1, cpu_blocks // 16)
         self.jobs: dict[int, TierJobState] = {}
         self.inflight_bytes = 0
         self.put_keys: set[OffloadKey] = set()  # keys with a put in flight here

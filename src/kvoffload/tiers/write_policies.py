@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from kvoffload.context import ReqContext
@@ -35,10 +35,7 @@ class TierWrites:
     _resetting: bool
     _tiers: list[TierState]
     _write_back: list[TierState]
-
-    def _reap(self) -> int:
-        """Apply the tiers' completions (the manager's; a write-back waits on it)."""
-        raise NotImplementedError
+    _reap: Callable[[], int]  # applies the tiers' completions (a write-back waits on them)
 
     def _drop(self, st: TierState, reason: str, count: int) -> None:
         if count:
@@ -60,12 +57,10 @@ class TierWrites:
         if self._resetting:
             self._drop(st, "resetting", len(keys))
             return []
-        fresh = [k for k in dict.fromkeys(keys) if k not in st.put_keys]
-        if fresh:
-            presence = st.tier.contains(fresh)
-            stored = [k for k, p in zip(fresh, presence, strict=True) if p is Presence.HIT]
-            st.counters["already_stored"] += len(stored)
-            fresh = [k for k, p in zip(fresh, presence, strict=True) if p is not Presence.HIT]
+        asked = [k for k in dict.fromkeys(keys) if k not in st.put_keys]
+        presence = st.tier.contains(asked) if asked else []
+        fresh = [k for k, p in zip(asked, presence, strict=True) if p is not Presence.HIT]
+        st.counters["already_stored"] += len(asked) - len(fresh)
         if not fresh:
             return []
         if not st.breaker.allows():
@@ -128,17 +123,15 @@ class TierWrites:
                 self._offer(st, keys, ctx)
 
     def _offer(self, st: TierState, keys: Sequence[OffloadKey], ctx: ReqContext) -> None:
-        assert_filter = st.admission
-        if assert_filter is None:  # cannot happen: selective tiers always get one
+        admission = st.admission
+        if admission is None:  # cannot happen: selective tiers always get one
             raise RuntimeError("selective tier without an admission filter")
-        candidates = [k for k in keys if k not in st.put_keys]
+        asked = [k for k in keys if k not in st.put_keys]
+        presence = st.tier.contains(asked) if asked else []
+        candidates = [k for k, p in zip(asked, presence, strict=True) if p is not Presence.HIT]
         if not candidates:
             return
-        presence = st.tier.contains(candidates)
-        candidates = [k for k, p in zip(candidates, presence, strict=True) if p is not Presence.HIT]
-        if not candidates:
-            return
-        admitted = assert_filter.admit(candidates, ctx)
+        admitted = admission.admit(candidates, ctx)
         self._drop(st, "admission", len(candidates) - len(admitted))
         if admitted:
             self._write(st, admitted, ctx, "write")
@@ -152,9 +145,7 @@ class TierWrites:
         new = sum(1 for k in dict.fromkeys(keys) if slot_of(k) is None)
         if new <= self.cpu.free_blocks:
             return True
-        short = new - self.cpu.free_blocks - len(self._evicting)  # held ones free up soon
-        if short > 0:
-            self._evict_ahead(short, protected)
+        self._evict_ahead(new, protected)
         if self._evicting:
             self._reap()  # a tier that finished at once frees the slots now
         if new > self.cpu.free_blocks and self._evicting and self.write_back_wait_s > 0:
@@ -169,10 +160,13 @@ class TierWrites:
             return False
         return True  # enough room, or nothing left to evict (the CPU store decides)
 
-    def _evict_ahead(self, n: int, protected: Sequence[OffloadKey]) -> None:
-        """Evict ``n`` of the CPU policy's next victims and write them to the write-back
-        tiers; each victim's slot is held until every tier it went to has it."""
-        victims = self.cpu.evict_ahead(n, protected)
+    def _evict_ahead(self, wanted: int, protected: Sequence[OffloadKey]) -> None:
+        """Evict the CPU policy's next victims until ``wanted`` slots are free or held, writing
+        them to the write-back tiers; a victim's slot is held until every tier it went to has it."""
+        short = wanted - self.cpu.free_blocks - len(self._evicting)
+        if short <= 0:
+            return
+        victims = self.cpu.evict_ahead(short, protected)
         if not victims:
             return
         self._counters["evicted_ahead"] += len(victims)
