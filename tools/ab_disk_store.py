@@ -30,8 +30,11 @@ def _run(src: Path, args: argparse.Namespace) -> list[dict[str, Any]]:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(src), str(SPLIT.parent)]))
     cmd = [sys.executable, str(SPLIT), "--format", "json", "--rounds", str(args.rounds)]
     cmd += ["--block-kib", args.block_kib, "--threads", args.threads]
-    out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True).stdout
-    rows: list[dict[str, Any]] = json.loads(out)
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+    if done.returncode:
+        # a bad --block-kib or --threads, or a failed store: the benchmark says which
+        raise SystemExit(f"{SPLIT.name} failed with {src}:\n{done.stderr.strip()}")
+    rows: list[dict[str, Any]] = json.loads(done.stdout)
     return rows
 
 
